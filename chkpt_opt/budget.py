@@ -1,0 +1,197 @@
+"""Memory budgets: parsing, formatting, and the split of a step budget into its parts.
+
+A budget is the peak memory of a whole training step on the device. Part of it is taken by
+tensors that live through the whole step whatever the schedule (parameters, buffers, the
+example inputs, optimizer state); the rest is what the schedule may use for activations,
+activation gradients and parameter gradients, which are created during the step. The one
+function that performs that split is :func:`split_budget`.
+
+Example:
+    >>> parse_budget("20GB").total_bytes
+    20000000000
+    >>> parse_budget("1.5 GiB").total_bytes
+    1610612736
+    >>> format_bytes(2 * 2**30)
+    '2.15 GB (2.00 GiB)'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from chkpt_opt.errors import BudgetError
+
+_UNITS: dict[str, int] = {
+    "B": 1,
+    "kB": 10**3,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+
+_ACCEPTED_FORMS = (
+    'an int of bytes (e.g. 2_000_000_000), or a string with a byte unit: "20GB" (10^9 bytes), '
+    '"20GiB" (2^30 bytes), also B, kB, KiB, MB, MiB, TB, TiB; or "80%" of the CUDA device memory'
+)
+
+_BUDGET_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[A-Za-z]*)\s*$")
+_PERCENT_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A parsed memory budget for a whole training step.
+
+    Attributes:
+        total_bytes: the peak memory allowed for the step, in bytes.
+        text: the value it was parsed from, for messages.
+    """
+
+    total_bytes: int
+    text: str
+
+    def __str__(self) -> str:
+        return format_bytes(self.total_bytes)
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Formats a byte count in GB and GiB, the two units every printed budget shows.
+
+    Small values switch to MB/MiB so that they stay readable.
+    """
+    if abs(num_bytes) < 10**8:
+        return f"{num_bytes / 1e6:.2f} MB ({num_bytes / 2**20:.2f} MiB)"
+    return f"{num_bytes / 1e9:.2f} GB ({num_bytes / 2**30:.2f} GiB)"
+
+
+def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = None) -> Budget:
+    """Parses a budget given as bytes, a string with a unit, or a percentage of the device.
+
+    Args:
+        value: ``20_000_000_000``, ``"20GB"``, ``"20GiB"``, ``"512 MiB"``, ``"80%"``...
+        device_total_bytes: total memory of the CUDA device, needed for percentages.
+
+    Returns:
+        The parsed :class:`Budget`.
+
+    Raises:
+        BudgetError: for bits (``"20Gb"``, ``"20gb"``), strings without a unit, unknown units,
+            negative or zero values, and percentages without a CUDA device.
+    """
+    if isinstance(value, Budget):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise BudgetError(
+            f"budget {value!r} is a {type(value).__name__}; give {_ACCEPTED_FORMS}."
+        )
+    if isinstance(value, int):
+        if value <= 0:
+            raise BudgetError(f"budget {value!r} must be a positive number of bytes.")
+        return Budget(total_bytes=value, text=str(value))
+
+    percent = _PERCENT_RE.match(value)
+    if percent:
+        fraction = float(percent.group("num")) / 100.0
+        if not 0.0 < fraction <= 1.0:
+            raise BudgetError(f"budget {value!r} must be a percentage in (0%, 100%].")
+        if device_total_bytes is None:
+            raise BudgetError(
+                f"budget {value!r} is a share of the CUDA device's memory, but no CUDA device "
+                "is in use; give an absolute budget such as \"20GB\" instead."
+            )
+        return Budget(total_bytes=int(device_total_bytes * fraction), text=value)
+
+    match = _BUDGET_RE.match(value)
+    if not match:
+        raise BudgetError(f"budget {value!r} cannot be read; give {_ACCEPTED_FORMS}.")
+    unit = match.group("unit")
+    if not unit:
+        raise BudgetError(
+            f"budget {value!r} has no unit; say which one, e.g. \"{value.strip()}GB\" or "
+            f"\"{value.strip()}GiB\" (or pass an int for bytes). Accepted: {_ACCEPTED_FORMS}."
+        )
+    if unit not in _UNITS:
+        hint = ""
+        if unit.endswith("b"):
+            hint = f" A lowercase 'b' means bits; for bytes write {unit[:-1].upper() or ''}B."
+        raise BudgetError(f"budget {value!r} has unknown unit {unit!r}.{hint} Give {_ACCEPTED_FORMS}.")
+    total = float(match.group("num")) * _UNITS[unit]
+    if not math.isfinite(total) or total < 1:
+        raise BudgetError(f"budget {value!r} must be at least one byte.")
+    return Budget(total_bytes=int(total), text=value)
+
+
+@dataclass(frozen=True)
+class StaticMemory:
+    """Memory that lives through the whole training step, whatever the schedule.
+
+    Attributes:
+        param_bytes: parameters (all of them, trainable or frozen).
+        buffer_bytes: module buffers (batch-norm statistics, ...).
+        input_bytes: the example inputs of the step.
+        optimizer_state_bytes: optimizer state (AdamW: two states per trainable parameter).
+        grad_bytes: gradients of the trainable parameters. They are created during the
+            backward pass, so the simulator places them in time; they are listed here so that
+            reports can show them, and are not subtracted by :func:`split_budget`.
+        optimizer_step_extra_bytes: temporaries allocated by one optimizer step beyond its
+            state, measured on fake tensors; with the gradients they bound the memory of the
+            optimizer phase of the step.
+    """
+
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    optimizer_state_bytes: int
+    grad_bytes: int
+    optimizer_step_extra_bytes: int = 0
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes resident for the whole step (subtracted from the budget)."""
+        return self.param_bytes + self.buffer_bytes + self.input_bytes + self.optimizer_state_bytes
+
+    @property
+    def optimizer_phase_bytes(self) -> int:
+        """Peak bytes above the resident ones while the optimizer steps (grads + temporaries)."""
+        if self.optimizer_state_bytes == 0 and self.optimizer_step_extra_bytes == 0:
+            return 0
+        return self.grad_bytes + self.optimizer_step_extra_bytes
+
+
+def split_budget(budget: Budget, static: StaticMemory) -> int:
+    """Returns the bytes a schedule may use for the forward and backward passes.
+
+    This is the one place where a step budget is split: parameters, buffers, the inputs and
+    the optimizer state are subtracted. What remains bounds the simulated peak of the
+    forward and backward passes (activations, their gradients, and parameter gradients as
+    the backward pass creates them).
+
+    Raises:
+        BudgetError: when the resident memory alone, or the optimizer phase, exceeds the budget.
+    """
+    resident = static.resident_bytes
+    dynamic = budget.total_bytes - resident
+    if dynamic <= 0:
+        raise BudgetError(
+            f"budget {budget.text!r} = {format_bytes(budget.total_bytes)} is below the memory "
+            f"that lives through the whole step, {format_bytes(resident)} (parameters "
+            f"{format_bytes(static.param_bytes)}, optimizer state "
+            f"{format_bytes(static.optimizer_state_bytes)}, buffers and inputs "
+            f"{format_bytes(static.buffer_bytes + static.input_bytes)}); no schedule can help. "
+            "Raise the budget, use a lighter optimizer, or shard the parameters."
+        )
+    if static.optimizer_phase_bytes > dynamic:
+        raise BudgetError(
+            f"budget {budget.text!r} = {format_bytes(budget.total_bytes)} cannot hold the "
+            f"optimizer step: resident {format_bytes(resident)} plus gradients and optimizer "
+            f"temporaries {format_bytes(static.optimizer_phase_bytes)}. Checkpointing does not "
+            "change that phase; raise the budget or choose a lighter optimizer."
+        )
+    return dynamic

@@ -1,0 +1,248 @@
+"""Codegen: rewrites a captured fx graph so that it runs a schedule.
+
+Each recompute region is outlined into a body GraphModule and called through
+non-reentrant ``torch.utils.checkpoint``:
+
+* the body takes every value it reads from outside as an argument (parameters and buffers
+  included), so it always sees the module's current tensors;
+* ``preserve_rng_state=True`` replays the RNG state, so dropout draws the same numbers;
+* ops that update module state (batch-norm running statistics, in-place updates of
+  buffers such as ``num_batches_tracked``) run on throwaway copies of that state while the
+  region is recomputed, so the state is updated exactly once per step.
+
+The returned module is a new GraphModule; the model passed to ``plan``/``optimize`` is not
+modified, and the new module shares its Parameter and buffer objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils.checkpoint import checkpoint
+
+from chkpt_opt.errors import ScheduleError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.tracer.ops import (
+    is_batch_norm_module,
+    mutated_arg_positions,
+    state_arg_positions,
+)
+from chkpt_opt.schedule import Schedule, check_schedule
+
+_RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("chkpt_opt_recomputing", default=False)
+
+
+def is_recomputing() -> bool:
+    """Whether the current code runs inside the recomputation of a region."""
+    return _RECOMPUTING.get()
+
+
+@contextlib.contextmanager
+def _recompute_flag() -> Iterator[None]:
+    token = _RECOMPUTING.set(True)
+    try:
+        yield
+    finally:
+        _RECOMPUTING.reset(token)
+
+
+def _contexts() -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
+    return contextlib.nullcontext(), _recompute_flag()
+
+
+class StateGuard(torch.nn.Module):
+    """Runs an op normally, but on copies of its state arguments while recomputing."""
+
+    def __init__(self, op: Any, positions: list[int]) -> None:
+        super().__init__()
+        self.op = op
+        self.positions = positions
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if is_recomputing():
+            args = tuple(
+                a.clone() if i in self.positions and isinstance(a, torch.Tensor) else a
+                for i, a in enumerate(args)
+            )
+        return self.op(*args, **kwargs)
+
+
+class ModuleStateGuard(torch.nn.Module):
+    """Calls a batch-norm module, restoring its buffers afterwards when recomputing."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "_target", module)  # not a child: no duplicate state
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        module = self._target
+        if not is_recomputing():
+            return module(*args, **kwargs)
+        saved = {name: b.clone() for name, b in module.named_buffers(recurse=False)}
+        try:
+            return module(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for name, b in module.named_buffers(recurse=False):
+                    b.copy_(saved[name])
+
+
+class CheckpointRegion(torch.nn.Module):
+    """Calls an outlined region through non-reentrant checkpoint.
+
+    Activations reach the body as checkpoint arguments (checkpoint keeps them for the
+    recomputation). Parameters and buffers are read from the root module at call time,
+    inside the checkpointed function: they are not saved by checkpoint (an in-place buffer
+    update would otherwise fail its version check on recompute), and the body always sees
+    the module's current tensors, also after ``.to()``.
+
+    The body and the root are held outside the module tree, so the optimized module has
+    exactly the parameters, buffers and state_dict keys of the model.
+    """
+
+    def __init__(
+        self,
+        body: torch.fx.GraphModule,
+        root: torch.nn.Module,
+        attr_targets: tuple[str, ...],
+        names: tuple[str, ...],
+    ) -> None:
+        super().__init__()
+        object.__setattr__(self, "_body", body)
+        object.__setattr__(self, "_root", root)
+        self.attr_targets = attr_targets
+        self.names = names
+
+    @property
+    def body(self) -> torch.fx.GraphModule:
+        """The outlined graph of the region."""
+        return self._body
+
+    def _run(self, *args: Any) -> Any:
+        attrs = [_fetch(self._root, t) for t in self.attr_targets]
+        return self._body(*args, *attrs)
+
+    def forward(self, *args: Any) -> Any:
+        return checkpoint(
+            self._run,
+            *args,
+            use_reentrant=False,
+            preserve_rng_state=True,
+            context_fn=_contexts,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{len(self.names)} ops: {self.names[0]} .. {self.names[-1]}"
+
+
+def _fetch(root: torch.nn.Module, target: str) -> Any:
+    value: Any = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _guard_stateful(body: torch.fx.GraphModule, root: torch.fx.GraphModule) -> None:
+    """Replaces state-updating ops of a body graph by guarded calls."""
+    count = 0
+    static_inputs = {n for n in body.graph.nodes if n.op == "placeholder"}
+    for node in list(body.graph.nodes):
+        positions: list[int] = []
+        guard: torch.nn.Module | None = None
+        if node.op == "call_function":
+            positions = state_arg_positions(node, root)
+            positions += [
+                i for i in mutated_arg_positions(node)
+                if i < len(node.args) and node.args[i] in static_inputs
+                and getattr(node.args[i], "meta", {}).get("chkpt_opt_static", False)
+            ]
+            if positions:
+                guard = StateGuard(node.target, sorted(set(positions)))
+        elif node.op == "call_module":
+            module = root.get_submodule(str(node.target))
+            if is_batch_norm_module(module):
+                guard = ModuleStateGuard(module)
+        if guard is None:
+            continue
+        name = f"state_guard_{count}"
+        count += 1
+        body.add_submodule(name, guard)
+        with body.graph.inserting_before(node):
+            new = body.graph.call_module(name, node.args, node.kwargs)
+        node.replace_all_uses_with(new)
+        body.graph.erase_node(node)
+    if count:
+        body.recompile()
+
+
+def _outline(gm: torch.fx.GraphModule, region: list[torch.fx.Node], k: int) -> None:
+    inside = set(region)
+    ext: list[torch.fx.Node] = []
+    for node in region:
+        for arg in node.all_input_nodes:
+            if arg not in inside and arg not in ext:
+                ext.append(arg)
+    acts = [a for a in ext if a.op != "get_attr"]
+    attrs = [a for a in ext if a.op == "get_attr"]
+    outputs = [n for n in region if any(u not in inside for u in n.users)]
+
+    sub = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for arg in acts + attrs:
+        placeholder = sub.placeholder(f"in_{arg.name}")
+        placeholder.meta = dict(arg.meta)
+        placeholder.meta["chkpt_opt_static"] = arg.op in ("get_attr", "placeholder")
+        env[arg] = placeholder
+    for node in region:
+        env[node] = sub.node_copy(node, lambda x: env[x])
+    sub.output(tuple(env[o] for o in outputs))
+    body = torch.fx.GraphModule(gm, sub, class_name=f"Region{k}")
+    _guard_stateful(body, gm)
+
+    name = f"chkpt_region_{k}"
+    wrapper = CheckpointRegion(
+        body, gm, tuple(str(a.target) for a in attrs), tuple(n.name for n in region)
+    )
+    gm.add_submodule(name, wrapper)
+    with gm.graph.inserting_before(region[0]):
+        call = gm.graph.call_module(name, tuple(acts))
+        items = [gm.graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
+    for out, item in zip(outputs, items):
+        item.meta = dict(out.meta)
+        out.replace_all_uses_with(item)
+    for node in reversed(region):
+        gm.graph.erase_node(node)
+
+
+def apply_schedule(
+    module: torch.fx.GraphModule, graph: CostGraph, schedule: Schedule
+) -> torch.fx.GraphModule:
+    """Rewrites ``module`` (a fresh capture, modified in place) to run ``schedule``.
+
+    Args:
+        module: a GraphModule whose call nodes are the nodes of ``graph``.
+        graph: the cost graph of that module.
+        schedule: a valid schedule of ``graph``.
+
+    Returns:
+        ``module``, rewritten and recompiled.
+    """
+    check_schedule(graph, schedule)
+    by_name = {n.name: n for n in module.graph.nodes}
+    for k, names in enumerate(schedule.regions):
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ScheduleError(
+                f"region {k} names ops {missing[:3]} that the module does not have; the "
+                "schedule was made for another model or another trace of it."
+            )
+        _outline(module, [by_name[n] for n in names], k)
+    module.graph.lint()
+    module.recompile()
+    return module

@@ -1,0 +1,341 @@
+"""The CostGraph: a networkx DiGraph of forward ops with the costs a schedule depends on.
+
+One node per op, keyed by its fx node name; ``index`` gives the execution order. An edge
+``u -> v`` means that ``v`` reads the value ``u`` produced.
+
+Memory is described at the level of *storages* (what an allocator really holds), named by
+string ids: a node's outputs own the storages in ``outputs``; a view or an in-place op owns
+none and lists the storages it refers to in ``aliases``; what the op's backward keeps is in
+``saved`` (storages of earlier outputs, of this node's outputs, or buffers the op allocates
+for itself, ids ``"<node>:buf<k>"``). A storage kept by two ops therefore counts once.
+Parameters, buffers and inputs are not storages of the graph: they live for the whole step
+and are summed in graph attributes.
+
+Node attributes (units in the names):
+
+=====================  ======================================================================
+``index``              execution order, 0..n-1
+``op``                 op name, e.g. ``"aten.linear.default"``
+``module_path``        dotted path of the module the op came from (``""`` at the top)
+``outputs``            {storage id: bytes} allocated for the op's outputs
+``aliases``            storage ids the output refers to without owning (views, in-place ops)
+``saved``              {storage id: bytes} activation storages the backward keeps
+``n_saved``            number of tensors autograd saves (parameters and inputs included)
+``output_bytes``       sum of ``outputs``
+``saved_bytes``        sum of ``saved``
+``fwd_workspace_bytes``  transient bytes while the forward op runs, beyond what it leaves
+``bwd_workspace_bytes``  transient bytes while its backward runs, beyond the grads it leaves
+``grad_bytes``         bytes of the gradient of the op's output (0 without one)
+``requires_grad``      the output requires grad
+``has_backward``       autograd runs this op's backward in the training step
+``bwd_grad_alias``     the backward passes the output gradient on as a view (no new bytes)
+``param_grad_bytes``   parameter gradients first created by this op's backward
+``fwd_flops``          floating-point operations of the forward op
+``bwd_flops``          floating-point operations of its backward
+``fwd_time_s``         estimated (or measured) forward time, seconds
+``bwd_time_s``         estimated (or measured) backward time, seconds
+``is_view``            the output owns no memory
+``is_inplace``         the op writes into one of its inputs
+``is_random``          the op draws random numbers (dropout, ...)
+``is_stateful``        the op updates module state (batch-norm statistics, buffer updates)
+``cut_after_ok``       a recompute region may begin or end right after this op (False inside a
+                       tuple and its getitems, between an output and an in-place op on it,
+                       and inside no-grad spans)
+=====================  ======================================================================
+
+Graph attributes: ``format_version``, ``name``, ``param_bytes``, ``trainable_param_bytes``,
+``buffer_bytes``, ``input_bytes``, ``outputs`` (names of the nodes whose values the step
+returns), ``tracer``, ``torch_version``, ``cost_model``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import networkx as nx
+
+from chkpt_opt.errors import GraphFormatError
+
+CostGraph = nx.DiGraph
+"""Type alias: a CostGraph is a plain ``networkx.DiGraph`` with the attributes above."""
+
+FORMAT_VERSION = 1
+
+MAX_BYTES = 2**60
+"""Largest byte count accepted anywhere (an exabyte): larger values mean a corrupt file."""
+
+MAX_FLOPS = 10**24
+
+_INT_ATTRS = (
+    "index",
+    "n_saved",
+    "output_bytes",
+    "saved_bytes",
+    "fwd_workspace_bytes",
+    "bwd_workspace_bytes",
+    "grad_bytes",
+    "param_grad_bytes",
+    "fwd_flops",
+    "bwd_flops",
+)
+_FLOAT_ATTRS = ("fwd_time_s", "bwd_time_s")
+_BOOL_ATTRS = (
+    "requires_grad",
+    "has_backward",
+    "bwd_grad_alias",
+    "is_view",
+    "is_inplace",
+    "is_random",
+    "is_stateful",
+    "cut_after_ok",
+)
+_STR_ATTRS = ("op", "module_path")
+_GRAPH_INT_ATTRS = ("param_bytes", "trainable_param_bytes", "buffer_bytes", "input_bytes")
+
+NODE_ATTRS: tuple[str, ...] = (
+    *_INT_ATTRS,
+    *_FLOAT_ATTRS,
+    *_BOOL_ATTRS,
+    *_STR_ATTRS,
+    "outputs",
+    "aliases",
+    "saved",
+)
+
+
+def node_attrs(
+    *,
+    index: int,
+    op: str,
+    outputs: Mapping[str, int] | None = None,
+    aliases: Iterable[str] = (),
+    saved: Mapping[str, int] | None = None,
+    n_saved: int | None = None,
+    module_path: str = "",
+    fwd_workspace_bytes: int = 0,
+    bwd_workspace_bytes: int = 0,
+    grad_bytes: int = 0,
+    requires_grad: bool = True,
+    has_backward: bool | None = None,
+    bwd_grad_alias: bool = False,
+    param_grad_bytes: int = 0,
+    fwd_flops: int = 0,
+    bwd_flops: int = 0,
+    fwd_time_s: float = 0.0,
+    bwd_time_s: float = 0.0,
+    is_inplace: bool = False,
+    is_random: bool = False,
+    is_stateful: bool = False,
+    cut_after_ok: bool = True,
+) -> dict[str, Any]:
+    """Builds a complete node attribute dict, deriving the totals and flags it can.
+
+    Example:
+        >>> a = node_attrs(index=0, op="aten.relu.default", outputs={"relu": 4096},
+        ...                saved={"relu": 4096}, grad_bytes=4096)
+        >>> a["output_bytes"], a["saved_bytes"], a["is_view"]
+        (4096, 4096, False)
+    """
+    outputs = dict(outputs or {})
+    saved = dict(saved or {})
+    aliases = list(aliases)
+    return {
+        "index": index,
+        "op": op,
+        "module_path": module_path,
+        "outputs": outputs,
+        "aliases": aliases,
+        "saved": saved,
+        "n_saved": len(saved) if n_saved is None else n_saved,
+        "output_bytes": sum(outputs.values()),
+        "saved_bytes": sum(saved.values()),
+        "fwd_workspace_bytes": fwd_workspace_bytes,
+        "bwd_workspace_bytes": bwd_workspace_bytes,
+        "grad_bytes": grad_bytes,
+        "requires_grad": requires_grad,
+        "has_backward": requires_grad if has_backward is None else has_backward,
+        "bwd_grad_alias": bwd_grad_alias,
+        "param_grad_bytes": param_grad_bytes,
+        "fwd_flops": fwd_flops,
+        "bwd_flops": bwd_flops,
+        "fwd_time_s": float(fwd_time_s),
+        "bwd_time_s": float(bwd_time_s),
+        "is_view": not outputs,
+        "is_inplace": is_inplace,
+        "is_random": is_random,
+        "is_stateful": is_stateful,
+        "cut_after_ok": cut_after_ok,
+    }
+
+
+def new_graph(
+    name: str,
+    *,
+    param_bytes: int = 0,
+    trainable_param_bytes: int = 0,
+    buffer_bytes: int = 0,
+    input_bytes: int = 0,
+    tracer: str = "synthetic",
+    torch_version: str = "",
+    cost_model: str = "",
+) -> CostGraph:
+    """Returns an empty CostGraph with its graph attributes set."""
+    graph = nx.DiGraph()
+    graph.graph.update(
+        format_version=FORMAT_VERSION,
+        name=name,
+        param_bytes=param_bytes,
+        trainable_param_bytes=trainable_param_bytes,
+        buffer_bytes=buffer_bytes,
+        input_bytes=input_bytes,
+        outputs=[],
+        tracer=tracer,
+        torch_version=torch_version,
+        cost_model=cost_model,
+    )
+    return graph
+
+
+def ordered_nodes(graph: CostGraph) -> list[str]:
+    """Node names in execution order."""
+    return sorted(graph.nodes, key=lambda n: graph.nodes[n]["index"])
+
+
+def storage_refs(graph: CostGraph, node: str) -> list[str]:
+    """Storage ids that the value of ``node`` refers to (owned outputs, then aliases)."""
+    attrs = graph.nodes[node]
+    return [*attrs["outputs"], *attrs["aliases"]]
+
+
+def storage_sizes(graph: CostGraph) -> dict[str, int]:
+    """Bytes of every storage of the graph: outputs and internal saved buffers."""
+    sizes: dict[str, int] = {}
+    for node in ordered_nodes(graph):
+        attrs = graph.nodes[node]
+        sizes.update(attrs["outputs"])
+        for sid, nbytes in attrs["saved"].items():
+            sizes.setdefault(sid, nbytes)
+    return sizes
+
+
+def storage_owners(graph: CostGraph) -> dict[str, str]:
+    """Maps each storage id to the node whose forward allocates it."""
+    owners: dict[str, str] = {}
+    for node in ordered_nodes(graph):
+        attrs = graph.nodes[node]
+        for sid in attrs["outputs"]:
+            owners[sid] = node
+        for sid in attrs["saved"]:
+            owners.setdefault(sid, node)
+    return owners
+
+
+def total_compute_s(graph: CostGraph) -> float:
+    """Estimated time of one forward and backward pass without recomputation."""
+    return sum(
+        a["fwd_time_s"] + (a["bwd_time_s"] if a["has_backward"] else 0.0)
+        for _, a in graph.nodes(data=True)
+    )
+
+
+def _fail(message: str) -> GraphFormatError:
+    return GraphFormatError(message)
+
+
+def check_graph(graph: CostGraph) -> None:
+    """Checks that ``graph`` is a well-formed CostGraph.
+
+    Raises:
+        GraphFormatError: naming the node and attribute that is wrong, and what was expected.
+    """
+    if not isinstance(graph, nx.DiGraph):
+        raise _fail(f"a CostGraph must be a networkx.DiGraph, got {type(graph).__name__}.")
+    version = graph.graph.get("format_version")
+    if version != FORMAT_VERSION:
+        raise _fail(
+            f"cost graph format_version {version!r} is not supported (this chkpt_opt reads "
+            f"version {FORMAT_VERSION}); regenerate it with `chkpt-opt trace`."
+        )
+    for key in _GRAPH_INT_ATTRS:
+        _check_int(graph.graph.get(key), f"graph attribute {key!r}", MAX_BYTES)
+    if not isinstance(graph.graph.get("outputs"), list):
+        raise _fail("graph attribute 'outputs' must be a list of node names.")
+    for out in graph.graph["outputs"]:
+        if out not in graph:
+            raise _fail(f"graph output {out!r} is not a node of the graph.")
+    if not nx.is_directed_acyclic_graph(graph):
+        cycle = nx.find_cycle(graph)
+        raise _fail(f"a CostGraph must be acyclic; found the cycle {cycle}.")
+
+    indices = []
+    for node, attrs in graph.nodes(data=True):
+        if not isinstance(node, str):
+            raise _fail(f"node keys must be strings, got {node!r}.")
+        missing = [k for k in NODE_ATTRS if k not in attrs]
+        if missing:
+            raise _fail(f"node {node!r} lacks attributes {missing}.")
+        for key in _INT_ATTRS:
+            bound = MAX_FLOPS if key.endswith("flops") else MAX_BYTES
+            _check_int(attrs[key], f"node {node!r} attribute {key!r}", bound)
+        for key in _FLOAT_ATTRS:
+            value = attrs[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise _fail(f"node {node!r} attribute {key!r} must be a number, got {value!r}.")
+            if not math.isfinite(value) or value < 0:
+                raise _fail(f"node {node!r} attribute {key!r} must be finite and >= 0.")
+        for key in _BOOL_ATTRS:
+            if not isinstance(attrs[key], bool):
+                raise _fail(f"node {node!r} attribute {key!r} must be a bool.")
+        for key in _STR_ATTRS:
+            if not isinstance(attrs[key], str):
+                raise _fail(f"node {node!r} attribute {key!r} must be a string.")
+        for key in ("outputs", "saved"):
+            table = attrs[key]
+            if not isinstance(table, dict):
+                raise _fail(f"node {node!r} attribute {key!r} must map storage ids to bytes.")
+            for sid, nbytes in table.items():
+                if not isinstance(sid, str):
+                    raise _fail(f"node {node!r} {key} has a non-string storage id {sid!r}.")
+                _check_int(nbytes, f"node {node!r} {key}[{sid!r}]", MAX_BYTES)
+        if not isinstance(attrs["aliases"], list) or not all(
+            isinstance(s, str) for s in attrs["aliases"]
+        ):
+            raise _fail(f"node {node!r} attribute 'aliases' must be a list of storage ids.")
+        if attrs["output_bytes"] != sum(attrs["outputs"].values()):
+            raise _fail(f"node {node!r}: output_bytes differs from the sum of its outputs.")
+        if attrs["saved_bytes"] != sum(attrs["saved"].values()):
+            raise _fail(f"node {node!r}: saved_bytes differs from the sum of its saved storages.")
+        indices.append(attrs["index"])
+    if sorted(indices) != list(range(graph.number_of_nodes())):
+        raise _fail("node indices must be 0..n-1, each used once.")
+    for u, v in graph.edges:
+        if graph.nodes[u]["index"] >= graph.nodes[v]["index"]:
+            raise _fail(f"edge {u!r} -> {v!r} goes against the execution order.")
+
+    defined: set[str] = set()
+    for node in ordered_nodes(graph):
+        attrs = graph.nodes[node]
+        for sid in attrs["aliases"]:
+            if sid not in defined:
+                raise _fail(f"node {node!r} aliases storage {sid!r}, which no earlier node owns.")
+        for sid in attrs["outputs"]:
+            if sid in defined:
+                raise _fail(f"storage {sid!r} is owned by two nodes (again by {node!r}).")
+            defined.add(sid)
+        for sid in attrs["saved"]:
+            if sid not in defined:
+                if not sid.startswith(f"{node}:"):
+                    raise _fail(
+                        f"node {node!r} saves storage {sid!r}, which is neither an earlier "
+                        f"output nor one of its own buffers ('{node}:buf<k>')."
+                    )
+                defined.add(sid)
+
+
+def _check_int(value: Any, what: str, bound: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"{what} must be an int, got {value!r}.")
+    if value < 0 or value > bound:
+        raise _fail(f"{what} = {value} is out of range [0, {bound}].")

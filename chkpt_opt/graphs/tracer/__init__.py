@@ -1,0 +1,78 @@
+"""The tracer: model + example inputs -> CostGraph (the only part of ``graphs`` using torch)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from chkpt_opt.graphs.costgraph import CostGraph, check_graph
+from chkpt_opt.graphs.tracer.build import ProgressFn, build_cost_graph
+from chkpt_opt.graphs.tracer.capture import Captured, capture, normalize_inputs
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Traced", "trace", "trace_model"]
+
+
+@dataclass
+class Traced:
+    """A traced model: its cost graph and the captured fx module codegen rewrites.
+
+    Attributes:
+        graph: the CostGraph.
+        captured: the capture (GraphModule sharing the model's parameters, inputs, method).
+        args: the positional example inputs.
+        kwargs: the keyword example inputs.
+    """
+
+    graph: CostGraph
+    captured: Captured
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def trace_model(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    method: str = "auto",
+    progress: ProgressFn | None = None,
+) -> Traced:
+    """Traces ``model`` and returns its cost graph with the captured module.
+
+    The model is traced in its current mode (call ``model.train()`` first to plan training)
+    and is not modified. Parameters may live on any device, the meta device included: the
+    tracer only ever runs ops on fake tensors.
+    """
+    args, kwargs = normalize_inputs(example_inputs, example_kwargs)
+    if not model.training:
+        log.warning("%s is in eval mode; tracing it as is (call model.train() to plan training)",
+                    type(model).__name__)
+    captured = capture(model, args, kwargs, method=method)
+    graph = build_cost_graph(captured, name=name or type(model).__name__, progress=progress)
+    check_graph(graph)
+    return Traced(graph=graph, captured=captured, args=args, kwargs=kwargs)
+
+
+def trace(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    method: str = "auto",
+) -> CostGraph:
+    """Traces ``model`` on example inputs into a CostGraph.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> g = trace(net, (torch.randn(4, 8),))
+        >>> [g.nodes[n]["op"] for n in sorted(g, key=lambda n: g.nodes[n]["index"])]
+        ['aten.linear.default', 'aten.relu.default', 'aten.linear.default']
+    """
+    return trace_model(model, example_inputs, example_kwargs, name=name, method=method).graph

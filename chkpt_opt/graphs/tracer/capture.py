@@ -1,0 +1,210 @@
+"""Captures a model as an fx GraphModule: torch.export (non-strict, ATen level) first,
+``torch.fx.symbolic_trace`` as the fallback.
+
+The captured module shares the model's Parameter and buffer objects; the model itself is
+never modified. Each capture can be repeated (:meth:`Captured.fresh_module`), which is how
+codegen gets a graph of its own to rewrite.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx import _pytree as fx_pytree
+from torch.utils import _pytree as pytree
+
+from chkpt_opt.errors import TraceError
+
+log = logging.getLogger(__name__)
+
+_SCALAR_LEAVES = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+@dataclass
+class Captured:
+    """A traced model.
+
+    Attributes:
+        module: the GraphModule (parameters shared with the model).
+        flat_inputs: the example inputs in placeholder order.
+        method: ``"export"`` or ``"fx"``.
+        fresh_module: makes another GraphModule with the same node names, sharing the
+            same parameters (codegen rewrites that one).
+        notes: what happened on the way (e.g. why the fallback was used).
+    """
+
+    module: torch.fx.GraphModule
+    flat_inputs: list[Any]
+    method: str
+    fresh_module: Callable[[], torch.fx.GraphModule]
+    notes: list[str] = field(default_factory=list)
+
+
+def normalize_inputs(
+    example_inputs: Any, example_kwargs: dict[str, Any] | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Returns ``(args, kwargs)`` after checking that every leaf can be traced.
+
+    A single tensor is accepted as a one-element tuple.
+
+    Raises:
+        TraceError: naming the first input that is not a tensor or a plain constant.
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        args: tuple[Any, ...] = (example_inputs,)
+    elif isinstance(example_inputs, (tuple, list)):
+        args = tuple(example_inputs)
+    elif example_inputs is None:
+        args = ()
+    else:
+        raise TraceError(
+            f"example_inputs is a {type(example_inputs).__name__}; pass a tuple of the "
+            "model's positional inputs, e.g. (torch.randn(8, 3, 224, 224),)."
+        )
+    kwargs = dict(example_kwargs or {})
+    leaves, _ = pytree.tree_flatten_with_path((args, kwargs))
+    has_tensor = False
+    for path, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            has_tensor = True
+            continue
+        if isinstance(leaf, _SCALAR_LEAVES):
+            continue
+        where = _describe_path(path)
+        hint = ""
+        if type(leaf).__module__.startswith("numpy"):
+            hint = " Convert it with torch.from_numpy(...)."
+        raise TraceError(
+            f"{where} is a {type(leaf).__module__}.{type(leaf).__name__}, which cannot be "
+            f"traced; inputs must be torch tensors (or nested tuples, lists and dicts of "
+            f"them, and plain Python constants).{hint}"
+        )
+    if not has_tensor:
+        raise TraceError(
+            "the example inputs contain no tensor; pass at least one torch.Tensor so the "
+            "model's activations can be sized."
+        )
+    return args, kwargs
+
+
+def _describe_path(path: tuple[Any, ...]) -> str:
+    """Turns a pytree key path of ``(args, kwargs)`` into ``example_inputs[1]['x']``-style text."""
+    if not path:
+        return "an input"
+    head, *rest = path
+    base = "example_inputs" if getattr(head, "idx", None) == 0 else "example_kwargs"
+    return base + "".join(str(k) for k in rest)
+
+
+def capture(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    method: str = "auto",
+) -> Captured:
+    """Captures ``model`` called on ``(args, kwargs)``.
+
+    Args:
+        model: the model (any device, meta included).
+        args: positional example inputs.
+        kwargs: keyword example inputs.
+        method: ``"auto"`` (export, then fx), ``"export"`` or ``"fx"``.
+
+    Raises:
+        TraceError: when no method works; the message names the failing construct and what
+            to try.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TraceError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    if method not in ("auto", "export", "fx"):
+        raise TraceError(f"tracer method {method!r} is unknown; use 'auto', 'export' or 'fx'.")
+    errors: list[str] = []
+    if method in ("auto", "export"):
+        try:
+            return _capture_export(model, args, kwargs)
+        except TraceError:
+            raise
+        except Exception as err:  # torch.export raises many exception types
+            errors.append(f"torch.export failed: {_first_lines(err)}")
+            log.info("torch.export failed, trying torch.fx: %s", err)
+            if method == "export":
+                raise TraceError(_advice(errors)) from err
+    try:
+        captured = _capture_fx(model, args, kwargs)
+    except Exception as err:
+        errors.append(f"torch.fx.symbolic_trace failed: {_first_lines(err)}")
+        raise TraceError(_advice(errors)) from err
+    captured.notes.extend(errors)
+    return captured
+
+
+def _capture_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+    exported = torch.export.export(model, args, kwargs, strict=False)
+    _check_outputs(exported)
+    module = exported.module()
+    flat = list(fx_pytree.tree_flatten_spec((args, kwargs), module._in_spec))
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(flat):
+        raise TraceError(
+            f"the exported graph takes {len(placeholders)} inputs but the example inputs "
+            f"flatten to {len(flat)}; pass inputs as tensors or plain containers of tensors."
+        )
+    return Captured(module=module, flat_inputs=flat, method="export", fresh_module=exported.module)
+
+
+def _check_outputs(exported: Any) -> None:
+    for spec in exported.graph_signature.output_specs:
+        if spec.kind.name not in ("USER_OUTPUT", "BUFFER_MUTATION", "USER_INPUT_MUTATION"):
+            raise TraceError(
+                f"the exported model has an output of kind {spec.kind.name}, which chkpt_opt "
+                "does not support."
+            )
+
+
+def _capture_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+    def make() -> torch.fx.GraphModule:
+        return torch.fx.symbolic_trace(model)
+
+    module = make()
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    flat: list[Any] = []
+    for i, node in enumerate(placeholders):
+        if i < len(args):
+            flat.append(args[i])
+        elif node.target in kwargs:
+            flat.append(kwargs[node.target])
+        elif node.args:
+            flat.append(node.args[0])
+        else:
+            raise TraceError(f"no example value for input {node.target!r} of the fx-traced model.")
+    return Captured(module=module, flat_inputs=flat, method="fx", fresh_module=make)
+
+
+def _first_lines(err: BaseException, limit: int = 3) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return " ".join(lines[:limit])[:600]
+
+
+def _advice(errors: list[str]) -> str:
+    joined = " | ".join(errors)
+    text = f"the model cannot be traced. {joined}."
+    lowered = joined.lower()
+    if "dynamiccache" in lowered or ("cache" in lowered and "pytree" in lowered):
+        text += " The model returns a key/value cache: build it with use_cache=False for training."
+    elif "data-dependent" in lowered or "control flow" in lowered or "guard" in lowered:
+        text += (
+            " A Python branch depends on tensor values: replace it with torch.where or "
+            "torch.cond, or move it out of forward()."
+        )
+    else:
+        text += (
+            " Make the failing construct traceable (torch.export non-strict runs the Python "
+            "code on fake tensors), or trace with tracer='fx' after wrapping it in a leaf module."
+        )
+    return text

@@ -1,0 +1,104 @@
+"""What kind of op an fx node is: its name, whether it is random, in-place, or stateful.
+
+Shared by the tracer (which records the flags) and codegen (which must replay random ops
+with the same numbers and keep stateful ops from updating module state twice).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+_RANDOM_NAME_PARTS = ("dropout", "rand", "bernoulli", "normal", "multinomial", "poisson")
+
+# Batch-norm style ops: (op name, indices of running_mean and running_var, index of `training`).
+_BATCH_NORM_OPS: dict[str, tuple[tuple[int, int], int]] = {
+    "aten.batch_norm.default": ((3, 4), 5),
+    "aten.instance_norm.default": ((3, 4), 5),
+    "aten._native_batch_norm_legit.default": ((3, 4), 5),
+    "aten.native_batch_norm.default": ((3, 4), 5),
+    "aten._batch_norm_with_update.default": ((3, 4), -1),
+    "aten.cudnn_batch_norm.default": ((3, 4), 5),
+}
+
+
+def op_name(node: torch.fx.Node, root: torch.nn.Module | None = None) -> str:
+    """A stable, readable name for the op of an fx node.
+
+    ``"aten.linear.default"`` for ATen ops, ``"getitem"`` for tuple indexing,
+    ``"module:torch.nn.modules.linear.Linear"`` for fx call_module nodes,
+    ``"method:view"`` for call_method nodes, ``"<module>.<qualname>"`` for other functions.
+    """
+    target = node.target
+    if node.op == "call_module":
+        module = root.get_submodule(str(target)) if root is not None else None
+        kind = type(module) if module is not None else None
+        return f"module:{kind.__module__}.{kind.__qualname__}" if kind else f"module:{target}"
+    if node.op == "call_method":
+        return f"method:{target}"
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if target is operator.getitem:
+        return "getitem"
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+    return f"{module}.{name}" if module else str(name)
+
+
+def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
+    """Whether the op draws random numbers (so a recompute must replay the RNG state)."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+        return True
+    if node.op == "call_module" and root is not None:
+        module = root.get_submodule(str(target))
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training:
+            return module.p > 0
+    name = op_name(node, root).lower()
+    return any(part in name for part in _RANDOM_NAME_PARTS)
+
+
+def mutated_arg_positions(node: torch.fx.Node) -> list[int]:
+    """Positional indices of the arguments that the op writes in place (ATen schema)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        if node.op == "call_method" and str(target).endswith("_") and not str(target).endswith("__"):
+            return [0]
+        return []
+    positions = []
+    for i, argument in enumerate(target._schema.arguments):
+        info = argument.alias_info
+        if info is not None and info.is_write and not argument.kwarg_only:
+            positions.append(i)
+    return positions
+
+
+def state_arg_positions(node: torch.fx.Node, root: torch.nn.Module | None = None) -> list[int]:
+    """Arguments holding module state that the op updates (batch-norm running statistics).
+
+    Returns the positional indices of ``running_mean`` and ``running_var`` when the op is
+    a batch-norm in training mode with running statistics, else an empty list.
+    """
+    name = op_name(node, root)
+    spec = _BATCH_NORM_OPS.get(name)
+    if spec is None:
+        return []
+    (mean_i, var_i), training_i = spec
+    args = node.args
+    if len(args) <= var_i or args[mean_i] is None:
+        return []
+    if training_i >= 0 and (len(args) <= training_i or args[training_i] is not True):
+        return []
+    return [mean_i, var_i]
+
+
+def is_batch_norm_module(module: Any) -> bool:
+    """Whether ``module`` is a batch-norm layer that updates running statistics now."""
+    return (
+        isinstance(module, torch.nn.modules.batchnorm._NormBase)
+        and module.training
+        and module.track_running_stats
+    )
