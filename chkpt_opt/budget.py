@@ -88,9 +88,7 @@ def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = 
     if isinstance(value, Budget):
         return value
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise BudgetError(
-            f"budget {value!r} is a {type(value).__name__}; give {_ACCEPTED_FORMS}."
-        )
+        raise BudgetError(f"budget {value!r} is a {type(value).__name__}; give {_ACCEPTED_FORMS}.")
     if isinstance(value, int):
         if value <= 0:
             raise BudgetError(f"budget {value!r} must be a positive number of bytes.")
@@ -104,7 +102,7 @@ def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = 
         if device_total_bytes is None:
             raise BudgetError(
                 f"budget {value!r} is a share of the CUDA device's memory, but no CUDA device "
-                "is in use; give an absolute budget such as \"20GB\" instead."
+                'is in use; give an absolute budget such as "20GB" instead.'
             )
         return Budget(total_bytes=int(device_total_bytes * fraction), text=value)
 
@@ -114,14 +112,16 @@ def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = 
     unit = match.group("unit")
     if not unit:
         raise BudgetError(
-            f"budget {value!r} has no unit; say which one, e.g. \"{value.strip()}GB\" or "
-            f"\"{value.strip()}GiB\" (or pass an int for bytes). Accepted: {_ACCEPTED_FORMS}."
+            f'budget {value!r} has no unit; say which one, e.g. "{value.strip()}GB" or '
+            f'"{value.strip()}GiB" (or pass an int for bytes). Accepted: {_ACCEPTED_FORMS}.'
         )
     if unit not in _UNITS:
         hint = ""
         if unit.endswith("b"):
             hint = f" A lowercase 'b' means bits; for bytes write {unit[:-1].upper() or ''}B."
-        raise BudgetError(f"budget {value!r} has unknown unit {unit!r}.{hint} Give {_ACCEPTED_FORMS}.")
+        raise BudgetError(
+            f"budget {value!r} has unknown unit {unit!r}.{hint} Give {_ACCEPTED_FORMS}."
+        )
     total = float(match.group("num")) * _UNITS[unit]
     if not math.isfinite(total) or total < 1:
         raise BudgetError(f"budget {value!r} must be at least one byte.")

@@ -35,7 +35,9 @@ from chkpt_opt.graphs.tracer.ops import (
 )
 from chkpt_opt.schedule import Schedule, check_schedule
 
-_RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("chkpt_opt_recomputing", default=False)
+_RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "chkpt_opt_recomputing", default=False
+)
 
 
 def is_recomputing() -> bool:
@@ -52,7 +54,9 @@ def _recompute_flag() -> Iterator[None]:
         _RECOMPUTING.reset(token)
 
 
-def _contexts() -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
+def _contexts() -> tuple[
+    contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]
+]:
     return contextlib.nullcontext(), _recompute_flag()
 
 
@@ -158,8 +162,10 @@ def _guard_stateful(body: torch.fx.GraphModule, root: torch.fx.GraphModule) -> N
         if node.op == "call_function":
             positions = state_arg_positions(node, root)
             positions += [
-                i for i in mutated_arg_positions(node)
-                if i < len(node.args) and node.args[i] in static_inputs
+                i
+                for i in mutated_arg_positions(node)
+                if i < len(node.args)
+                and node.args[i] in static_inputs
                 and getattr(node.args[i], "meta", {}).get("chkpt_opt_static", False)
             ]
             if positions:

@@ -51,14 +51,16 @@ class Schedule:
         """Inverse of :meth:`to_dict`, with clear errors for malformed data."""
         if not isinstance(data, dict) or data.get("kind") != SCHEDULE_KIND:
             raise ScheduleError(
-                f"schedule data must be an object with \"kind\": \"{SCHEDULE_KIND}\", "
+                f'schedule data must be an object with "kind": "{SCHEDULE_KIND}", '
                 f"got {str(data)[:80]!r}."
             )
         regions = data.get("regions")
         if not isinstance(regions, list) or not all(
             isinstance(r, list) and r and all(isinstance(n, str) for n in r) for r in regions
         ):
-            raise ScheduleError("schedule 'regions' must be a list of non-empty lists of node names.")
+            raise ScheduleError(
+                "schedule 'regions' must be a list of non-empty lists of node names."
+            )
         return Schedule(regions=tuple(tuple(r) for r in regions))
 
     @staticmethod
@@ -68,16 +70,12 @@ class Schedule:
         Empty spans are dropped; the spans are sorted.
         """
         order = ordered_nodes(graph)
-        regions = tuple(
-            tuple(order[start:stop]) for start, stop in sorted(spans) if stop > start
-        )
+        regions = tuple(tuple(order[start:stop]) for start, stop in sorted(spans) if stop > start)
         return Schedule(regions=regions)
 
     def spans(self, graph: CostGraph) -> list[tuple[int, int]]:
         """The ``[start, stop)`` index span of every region."""
-        return [
-            (graph.nodes[r[0]]["index"], graph.nodes[r[-1]]["index"] + 1) for r in self.regions
-        ]
+        return [(graph.nodes[r[0]]["index"], graph.nodes[r[-1]]["index"] + 1) for r in self.regions]
 
 
 def cut_positions(graph: CostGraph) -> list[bool]:

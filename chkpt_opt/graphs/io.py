@@ -79,7 +79,9 @@ def graph_from_dict(data: Any, *, source: str = "cost graph") -> CostGraph:
     graph.graph.update(data["graph"])
     for entry in data["nodes"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise GraphFormatError(f"{source}: every node needs a string 'name', got {entry!r:.80}.")
+            raise GraphFormatError(
+                f"{source}: every node needs a string 'name', got {entry!r:.80}."
+            )
         name = entry["name"]
         if name in graph:
             raise GraphFormatError(f"{source}: node {name!r} appears twice.")
@@ -151,4 +153,6 @@ def save_graph(graph: CostGraph, path: str | Path) -> None:
 
 def load_graph(path: str | Path) -> CostGraph:
     """Loads and checks a CostGraph JSON file."""
-    return graph_from_dict(read_json(path, what="cost graph file"), source=f"cost graph file {str(path)!r}")
+    return graph_from_dict(
+        read_json(path, what="cost graph file"), source=f"cost graph file {str(path)!r}"
+    )

@@ -117,7 +117,9 @@ def random_dag(
                 extra = rng.sample(names[:-1], k=min(max_inputs - 1, len(names) - 1))
                 inputs.extend(x for x in extra if x not in inputs)
         out_bytes = rng.randint(min_bytes // 256, max_bytes // 256) * 256
-        saves = rng.choice(["input", "output", "none"]) if inputs else rng.choice(["output", "none"])
+        saves = (
+            rng.choice(["input", "output", "none"]) if inputs else rng.choice(["output", "none"])
+        )
         fwd_time = rng.uniform(1e-4, 5e-3)
         names.append(
             _add_op(

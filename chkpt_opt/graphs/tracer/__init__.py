@@ -51,8 +51,10 @@ def trace_model(
     """
     args, kwargs = normalize_inputs(example_inputs, example_kwargs)
     if not model.training:
-        log.warning("%s is in eval mode; tracing it as is (call model.train() to plan training)",
-                    type(model).__name__)
+        log.warning(
+            "%s is in eval mode; tracing it as is (call model.train() to plan training)",
+            type(model).__name__,
+        )
     captured = capture(model, args, kwargs, method=method)
     graph = build_cost_graph(captured, name=name or type(model).__name__, progress=progress)
     check_graph(graph)

@@ -212,7 +212,9 @@ class _Builder:
     def _is_tuple_getitem(self, node: torch.fx.Node) -> bool:
         if node.target is not operator.getitem or not isinstance(node.args[0], torch.fx.Node):
             return False
-        return isinstance(self.env.get(node.args[0]), (tuple, list)) and isinstance(node.args[1], int)
+        return isinstance(self.env.get(node.args[0]), (tuple, list)) and isinstance(
+            node.args[1], int
+        )
 
     # ---- pass 3: probes -------------------------------------------------------------
     def build(self) -> CostGraph:
@@ -231,26 +233,33 @@ class _Builder:
             if node.op == "placeholder":
                 leaves[node] = [
                     _Leaf((), bool(getattr(x, "requires_grad", False)), static=True)
-                    if isinstance(x, torch.Tensor) else None
+                    if isinstance(x, torch.Tensor)
+                    else None
                     for x in self._tensor_leaves(node)
                 ]
             elif node.op == "get_attr":
                 value = _fetch_attr(self.gm, str(node.target))
                 is_param = isinstance(value, torch.nn.Parameter)
-                leaves[node] = [
-                    _Leaf(
-                        (),
-                        bool(is_param and value.requires_grad),
-                        param=str(node.target) if is_param else None,
-                        static=True,
-                    )
-                ] if isinstance(value, torch.Tensor) else [None]
+                leaves[node] = (
+                    [
+                        _Leaf(
+                            (),
+                            bool(is_param and value.requires_grad),
+                            param=str(node.target) if is_param else None,
+                            static=True,
+                        )
+                    ]
+                    if isinstance(value, torch.Tensor)
+                    else [None]
+                )
         total = len(self.calls)
         for k, node in enumerate(self.calls):
             self._add_node(graph, node, leaves, model)
             if self.progress is not None:
                 self.progress(k + 1, total)
-        graph.graph["outputs"] = sorted({n.name for n in self.outputs}, key=lambda s: graph.nodes[s]["index"])
+        graph.graph["outputs"] = sorted(
+            {n.name for n in self.outputs}, key=lambda s: graph.nodes[s]["index"]
+        )
         self._set_cut_flags(graph)
         return graph
 
@@ -262,7 +271,11 @@ class _Builder:
             if key in seen:
                 return 0
             seen.add(key)
-            return t.numel() * t.element_size() if t.device.type == "meta" else t.untyped_storage().nbytes()
+            return (
+                t.numel() * t.element_size()
+                if t.device.type == "meta"
+                else t.untyped_storage().nbytes()
+            )
 
         params = list(self.gm.parameters())
         graph.graph["param_bytes"] = sum(nbytes(p) for p in params)
@@ -272,10 +285,14 @@ class _Builder:
         graph.graph["buffer_bytes"] = sum(nbytes(b) for b in self.gm.buffers())
         seen.clear()
         graph.graph["input_bytes"] = sum(
-            nbytes(x) for x in tree_flatten(self.captured.flat_inputs)[0] if isinstance(x, torch.Tensor)
+            nbytes(x)
+            for x in tree_flatten(self.captured.flat_inputs)[0]
+            if isinstance(x, torch.Tensor)
         )
 
-    def _input_leaves(self, node: torch.fx.Node, leaves: dict[torch.fx.Node, list[_Leaf | None]]) -> list[_Leaf]:
+    def _input_leaves(
+        self, node: torch.fx.Node, leaves: dict[torch.fx.Node, list[_Leaf | None]]
+    ) -> list[_Leaf]:
         """The descriptors of the tensor leaves of a node's arguments, in flattening order."""
 
         def describe(x: Any) -> Any:
@@ -286,7 +303,9 @@ class _Builder:
             descs = [_NOT_TENSOR if d is None else d for d in leaves.get(x) or ()]
             return spec.unflatten(descs) if len(descs) == len(flat) else value
 
-        described = tree_flatten((tree_map(describe, node.args), tree_map(describe, node.kwargs)))[0]
+        described = tree_flatten((tree_map(describe, node.args), tree_map(describe, node.kwargs)))[
+            0
+        ]
         materialized = tree_flatten(self._materialize(node))[0]
         out: list[_Leaf] = []
         for value, desc in zip(materialized, described):
@@ -312,7 +331,11 @@ class _Builder:
             "has_backward": self.has_backward[node],
         }
         if self._is_tuple_getitem(node):
-            src = leaves[node.args[0]][node.args[1]] if node.args[1] < len(leaves[node.args[0]]) else None
+            src = (
+                leaves[node.args[0]][node.args[1]]
+                if node.args[1] < len(leaves[node.args[0]])
+                else None
+            )
             leaves[node] = [src]
             graph.add_node(
                 name,
@@ -336,14 +359,18 @@ class _Builder:
             LeafInfo(
                 requires_grad=d.requires_grad,
                 param=d.param,
-                inplace_target=tensor_arg_index[i] in mutated if i < len(tensor_arg_index) else False,
+                inplace_target=tensor_arg_index[i] in mutated
+                if i < len(tensor_arg_index)
+                else False,
             )
             for i, d in enumerate(infos_src)
         ]
         first = {p for p, n in self.first_param_grad.items() if n is node}
         grad_mask = self.grad_leaves[node] if self.has_backward[node] else None
         args, kwargs = self._materialize(node)
-        fn, args, kwargs, infos, infos_src = self._probe_callable(node, args, kwargs, infos, infos_src)
+        fn, args, kwargs, infos, infos_src = self._probe_callable(
+            node, args, kwargs, infos, infos_src
+        )
         try:
             with self.fake:
                 result = probe_op(
@@ -356,8 +383,12 @@ class _Builder:
                     first_param_grads=first,
                 )
         except Exception as err:  # degrade to a conservative description, never crash
-            log.warning("probe of %s (%s) failed (%s); using a conservative estimate",
-                        name, op_name(node, self.gm), err)
+            log.warning(
+                "probe of %s (%s) failed (%s); using a conservative estimate",
+                name,
+                op_name(node, self.gm),
+                err,
+            )
             result = self._conservative(node, infos_src)
 
         single = sum(1 for g in set(result.out_group) if g >= 0) == 1 and len(value_leaves) == 1
@@ -401,7 +432,8 @@ class _Builder:
         grad_bytes = 0
         if requires_grad and (direct_readers or node in self.outputs):
             grad_bytes = sum(
-                dense_bytes(v) for v, leaf in zip(value_leaves, node_leaves)
+                dense_bytes(v)
+                for v, leaf in zip(value_leaves, node_leaves)
                 if leaf is not None and leaf.requires_grad
             )
         flops_fwd = result.fwd_flops
@@ -411,9 +443,14 @@ class _Builder:
         elif flops_fwd == 0:
             flops_fwd = sum(v.numel() for v in value_leaves if isinstance(v, torch.Tensor))
         flops_bwd = result.bwd_flops if result.bwd_flops else (2 * flops_fwd if outputs else 0)
-        inplace_static = bool(mutated) and not aliases and any(
-            infos_src[i].static for i in range(len(infos_src))
-            if i < len(tensor_arg_index) and tensor_arg_index[i] in mutated
+        inplace_static = (
+            bool(mutated)
+            and not aliases
+            and any(
+                infos_src[i].static
+                for i in range(len(infos_src))
+                if i < len(tensor_arg_index) and tensor_arg_index[i] in mutated
+            )
         )
         stateful = bool(state_arg_positions(node, self.gm)) or inplace_static
         if node.op == "call_module":
@@ -470,7 +507,12 @@ class _Builder:
         return positions
 
     def _probe_callable(
-        self, node: torch.fx.Node, args: Any, kwargs: Any, infos: list[LeafInfo], infos_src: list[_Leaf]
+        self,
+        node: torch.fx.Node,
+        args: Any,
+        kwargs: Any,
+        infos: list[LeafInfo],
+        infos_src: list[_Leaf],
     ) -> tuple[Callable[..., Any], Any, Any, list[LeafInfo], list[_Leaf]]:
         if node.op == "call_function":
             return node.target, args, kwargs, infos, infos_src
@@ -552,10 +594,12 @@ class _Builder:
                         forbid.update(range(graph.nodes[owners[sid]]["index"], idx))
             if not self.grad_mode.get(node, True):
                 forbid.update({idx - 1, idx})
-        for name, attrs in graph.nodes(data=True):
+        for _name, attrs in graph.nodes(data=True):
             attrs["cut_after_ok"] = attrs["index"] not in forbid
 
 
-def build_cost_graph(captured: Captured, *, name: str, progress: ProgressFn | None = None) -> CostGraph:
+def build_cost_graph(
+    captured: Captured, *, name: str, progress: ProgressFn | None = None
+) -> CostGraph:
     """Builds the CostGraph of a captured model (see the module docstring)."""
     return _Builder(captured, name, progress).build()

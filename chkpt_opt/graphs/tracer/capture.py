@@ -143,7 +143,9 @@ def capture(
     return captured
 
 
-def _capture_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+def _capture_export(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Captured:
     exported = torch.export.export(model, args, kwargs, strict=False)
     _check_outputs(exported)
     module = exported.module()

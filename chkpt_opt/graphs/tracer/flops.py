@@ -17,12 +17,20 @@ from torch.utils import flop_counter as fc
 aten = torch.ops.aten
 
 
-def _cpu_flash_fwd(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+def _cpu_flash_fwd(
+    query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+) -> int:
     return fc.sdpa_flop_count(query, key, value)
 
 
 def _cpu_flash_bwd(
-    grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+    grad_out: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    *args: Any,
+    out_shape: Any = None,
+    **kwargs: Any,
 ) -> int:
     return fc.sdpa_backward_flop_count(grad_out, query, key, value)
 

@@ -51,7 +51,10 @@ def op_name(node: torch.fx.Node, root: torch.nn.Module | None = None) -> str:
 def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
     """Whether the op draws random numbers (so a recompute must replay the RNG state)."""
     target = node.target
-    if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+    if (
+        isinstance(target, torch._ops.OpOverload)
+        and torch.Tag.nondeterministic_seeded in target.tags
+    ):
         return True
     if node.op == "call_module" and root is not None:
         module = root.get_submodule(str(target))
@@ -65,7 +68,11 @@ def mutated_arg_positions(node: torch.fx.Node) -> list[int]:
     """Positional indices of the arguments that the op writes in place (ATen schema)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
-        if node.op == "call_method" and str(target).endswith("_") and not str(target).endswith("__"):
+        if (
+            node.op == "call_method"
+            and str(target).endswith("_")
+            and not str(target).endswith("__")
+        ):
             return [0]
         return []
     positions = []

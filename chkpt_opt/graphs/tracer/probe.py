@@ -140,9 +140,12 @@ def probe_op(
 
     tracker = StorageTracker()
     counter = flop_counter()
-    with torch.set_grad_enabled(grad_enabled), torch.autograd.graph.saved_tensors_hooks(
-        pack, lambda t: t
-    ), tracker, counter:
+    with (
+        torch.set_grad_enabled(grad_enabled),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        tracker,
+        counter,
+    ):
         out = fn(*call_args, **call_kwargs)
     result.fwd_flops = int(counter.get_total_flops())
     fwd_peak = tracker.peak_bytes
@@ -179,8 +182,13 @@ def probe_op(
     for t in saved:
         result.n_saved += 1
         j = next(
-            (j for j, leaf in enumerate(out_leaves)
-             if isinstance(leaf, torch.Tensor) and result.out_alias[j] == -1 and _same_storage(t, leaf)),
+            (
+                j
+                for j, leaf in enumerate(out_leaves)
+                if isinstance(leaf, torch.Tensor)
+                and result.out_alias[j] == -1
+                and _same_storage(t, leaf)
+            ),
             None,
         )
         if j is not None:
@@ -199,9 +207,13 @@ def probe_op(
     result.fwd_workspace_bytes = max(0, fwd_peak - tracker.live_bytes)
 
     wants = [
-        j for j, leaf in enumerate(out_leaves)
-        if grad_outputs is not None and j < len(grad_outputs) and grad_outputs[j]
-        and isinstance(leaf, torch.Tensor) and leaf.requires_grad
+        j
+        for j, leaf in enumerate(out_leaves)
+        if grad_outputs is not None
+        and j < len(grad_outputs)
+        and grad_outputs[j]
+        and isinstance(leaf, torch.Tensor)
+        and leaf.requires_grad
     ]
     targets = [i for i, x in enumerate(inputs) if x.requires_grad]
     if not wants or not targets:
