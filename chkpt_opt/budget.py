@@ -195,3 +195,114 @@ def split_budget(budget: Budget, static: StaticMemory) -> int:
             "change that phase; raise the budget or choose a lighter optimizer."
         )
     return dynamic
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """How much memory an optimizer keeps per trainable parameter.
+
+    Attributes:
+        name: optimizer name.
+        state_copies: state tensors per parameter, each the size of the parameter.
+        step_tensor_bytes: bytes of the per-parameter step counter (Adam keeps a float32
+            scalar tensor).
+        step_extra_copies: temporaries of one step, in copies of the largest parameter (or
+            of all parameters with ``foreach``).
+    """
+
+    name: str
+    state_copies: int
+    step_tensor_bytes: int = 0
+    step_extra_copies: int = 0
+
+
+OPTIMIZERS: dict[str, OptimizerSpec] = {
+    "adamw": OptimizerSpec("adamw", state_copies=2, step_tensor_bytes=4, step_extra_copies=2),
+    "adam": OptimizerSpec("adam", state_copies=2, step_tensor_bytes=4, step_extra_copies=2),
+    "adamw_amsgrad": OptimizerSpec(
+        "adamw_amsgrad", state_copies=3, step_tensor_bytes=4, step_extra_copies=2
+    ),
+    "sgd": OptimizerSpec("sgd", state_copies=0),
+    "sgd_momentum": OptimizerSpec("sgd_momentum", state_copies=1, step_extra_copies=1),
+    "rmsprop": OptimizerSpec("rmsprop", state_copies=1, step_tensor_bytes=4, step_extra_copies=1),
+    "adagrad": OptimizerSpec("adagrad", state_copies=1, step_tensor_bytes=4, step_extra_copies=1),
+}
+
+
+def optimizer_spec(name: str | None) -> OptimizerSpec | None:
+    """The spec of an optimizer given by name (``None``: no optimizer state is counted).
+
+    Raises:
+        BudgetError: for an unknown name, listing the known ones.
+    """
+    if name is None:
+        return None
+    key = name.lower()
+    if key not in OPTIMIZERS:
+        raise BudgetError(
+            f"optimizer {name!r} is unknown; use one of {sorted(OPTIMIZERS)}, None for no "
+            "optimizer state, or pass the torch.optim optimizer instance itself."
+        )
+    return OPTIMIZERS[key]
+
+
+def static_memory(
+    *,
+    param_bytes: int,
+    trainable_param_bytes: int,
+    buffer_bytes: int,
+    input_bytes: int,
+    n_trainable_tensors: int = 0,
+    largest_param_bytes: int | None = None,
+    optimizer: OptimizerSpec | None,
+    foreach: bool = False,
+) -> StaticMemory:
+    """Computes the resident memory of a training step (the one documented formula).
+
+    Optimizer state is ``state_copies`` times the trainable parameter bytes, plus one step
+    counter per trainable tensor. The temporaries of one optimizer step are
+    ``step_extra_copies`` copies of the largest parameter, or of all trainable parameters
+    when the optimizer runs ``foreach`` (PyTorch's default on CUDA).
+
+    Example:
+        >>> s = static_memory(param_bytes=100, trainable_param_bytes=100, buffer_bytes=0,
+        ...                   input_bytes=10, optimizer=optimizer_spec("adamw"))
+        >>> s.optimizer_state_bytes, s.resident_bytes
+        (200, 310)
+    """
+    state = 0
+    extra = 0
+    if optimizer is not None:
+        state = optimizer.state_copies * trainable_param_bytes
+        state += optimizer.step_tensor_bytes * n_trainable_tensors
+        unit = trainable_param_bytes if foreach else (largest_param_bytes or trainable_param_bytes)
+        extra = optimizer.step_extra_copies * unit
+    return StaticMemory(
+        param_bytes=param_bytes,
+        buffer_bytes=buffer_bytes,
+        input_bytes=input_bytes,
+        optimizer_state_bytes=state,
+        grad_bytes=trainable_param_bytes,
+        optimizer_step_extra_bytes=extra,
+    )
+
+
+def graph_static_memory(
+    graph_attrs: dict[str, object], optimizer: OptimizerSpec | None, *, foreach: bool | None = None
+) -> StaticMemory:
+    """:func:`static_memory` from a cost graph's attributes (``graph.graph``).
+
+    ``foreach`` defaults to True for graphs traced for CUDA (or on the meta device), where
+    PyTorch's optimizers use their ``foreach`` implementations.
+    """
+    device = str(graph_attrs.get("device_type", "cpu"))
+    return static_memory(
+        param_bytes=int(graph_attrs["param_bytes"]),  # type: ignore[call-overload]
+        trainable_param_bytes=int(graph_attrs["trainable_param_bytes"]),  # type: ignore[call-overload]
+        buffer_bytes=int(graph_attrs["buffer_bytes"]),  # type: ignore[call-overload]
+        input_bytes=int(graph_attrs["input_bytes"]),  # type: ignore[call-overload]
+        n_trainable_tensors=int(graph_attrs.get("n_trainable_tensors", 0)),  # type: ignore[call-overload]
+        largest_param_bytes=int(graph_attrs.get("largest_param_bytes", 0)) or None,  # type: ignore[call-overload]
+        optimizer=optimizer,
+        foreach=device in ("cuda", "meta") if foreach is None else foreach,
+    )

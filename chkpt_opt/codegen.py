@@ -7,8 +7,8 @@ non-reentrant ``torch.utils.checkpoint``:
   included), so it always sees the module's current tensors;
 * ``preserve_rng_state=True`` replays the RNG state, so dropout draws the same numbers;
 * ops that update module state (batch-norm running statistics, in-place updates of
-  buffers such as ``num_batches_tracked``) run on throwaway copies of that state while the
-  region is recomputed, so the state is updated exactly once per step.
+  buffers such as ``num_batches_tracked``) leave that state alone while the region is
+  recomputed (:class:`StateGuard`), so the state is updated exactly once per step.
 
 The returned module is a new GraphModule; the model passed to ``plan``/``optimize`` is not
 modified, and the new module shares its Parameter and buffer objects.
@@ -30,8 +30,8 @@ from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer.ops import (
     is_batch_norm_module,
+    momentum_position,
     mutated_arg_positions,
-    state_arg_positions,
 )
 from chkpt_opt.schedule import Schedule, check_schedule
 
@@ -61,40 +61,57 @@ def _contexts() -> tuple[
 
 
 class StateGuard(torch.nn.Module):
-    """Runs an op normally, but on copies of its state arguments while recomputing."""
+    """Runs a state-updating op normally, and without changing the state while recomputing.
 
-    def __init__(self, op: Any, positions: list[int]) -> None:
+    ``mode="momentum"``: a batch-norm op in training mode; on recompute its momentum is set
+    to 0, so the running statistics are updated to exactly themselves (the output depends
+    only on the batch statistics, and autograd saves the same tensors as in the forward
+    pass). ``mode="skip"``: an in-place update of a buffer (``num_batches_tracked += 1``);
+    on recompute it is skipped and the buffer returned. ``mode="copy"``: any other in-place
+    write to module state; on recompute it writes into a copy.
+    """
+
+    def __init__(self, op: Any, position: int, mode: str) -> None:
         super().__init__()
         self.op = op
-        self.positions = positions
+        self.position = position
+        self.mode = mode
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if is_recomputing():
-            args = tuple(
-                a.clone() if i in self.positions and isinstance(a, torch.Tensor) else a
-                for i, a in enumerate(args)
-            )
-        return self.op(*args, **kwargs)
+        if not is_recomputing():
+            return self.op(*args, **kwargs)
+        if self.mode == "skip":
+            return args[self.position]
+        values = list(args)
+        if self.mode == "momentum":
+            values[self.position] = 0.0
+        else:
+            values[self.position] = values[self.position].clone()
+        return self.op(*values, **kwargs)
 
 
 class ModuleStateGuard(torch.nn.Module):
-    """Calls a batch-norm module, restoring its buffers afterwards when recomputing."""
+    """Calls a batch-norm module; while recomputing, calls ``F.batch_norm`` with momentum 0
+    (running statistics unchanged, ``num_batches_tracked`` not incremented)."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__()
         object.__setattr__(self, "_target", module)  # not a child: no duplicate state
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         module = self._target
         if not is_recomputing():
-            return module(*args, **kwargs)
-        saved = {name: b.clone() for name, b in module.named_buffers(recurse=False)}
-        try:
-            return module(*args, **kwargs)
-        finally:
-            with torch.no_grad():
-                for name, b in module.named_buffers(recurse=False):
-                    b.copy_(saved[name])
+            return module(x)
+        return torch.nn.functional.batch_norm(
+            x,
+            module.running_mean,
+            module.running_var,
+            module.weight,
+            module.bias,
+            True,
+            0.0,
+            module.eps,
+        )
 
 
 class CheckpointRegion(torch.nn.Module):
@@ -155,21 +172,30 @@ def _fetch(root: torch.nn.Module, target: str) -> Any:
 def _guard_stateful(body: torch.fx.GraphModule, root: torch.fx.GraphModule) -> None:
     """Replaces state-updating ops of a body graph by guarded calls."""
     count = 0
-    static_inputs = {n for n in body.graph.nodes if n.op == "placeholder"}
     for node in list(body.graph.nodes):
-        positions: list[int] = []
         guard: torch.nn.Module | None = None
         if node.op == "call_function":
-            positions = state_arg_positions(node, root)
-            positions += [
+            momentum = momentum_position(node, root)
+            written = [
                 i
                 for i in mutated_arg_positions(node)
                 if i < len(node.args)
-                and node.args[i] in static_inputs
-                and getattr(node.args[i], "meta", {}).get("chkpt_opt_static", False)
+                and isinstance(node.args[i], torch.fx.Node)
+                and node.args[i].meta.get("chkpt_opt_static", False)
             ]
-            if positions:
-                guard = StateGuard(node.target, sorted(set(positions)))
+            if momentum is not None:
+                if len(node.args) <= momentum:
+                    raise ScheduleError(f"batch-norm node {node.name!r} has no momentum argument.")
+                guard = StateGuard(node.target, momentum, "momentum")
+            elif written == [0]:
+                guard = StateGuard(node.target, 0, "skip")
+            elif len(written) == 1:
+                guard = StateGuard(node.target, written[0], "copy")
+            elif written:
+                raise ScheduleError(
+                    f"op {node.name!r} writes several module buffers in place; it cannot be "
+                    "recomputed safely. Keep it out of recompute regions."
+                )
         elif node.op == "call_module":
             module = root.get_submodule(str(node.target))
             if is_batch_norm_module(module):
@@ -181,6 +207,7 @@ def _guard_stateful(body: torch.fx.GraphModule, root: torch.fx.GraphModule) -> N
         body.add_submodule(name, guard)
         with body.graph.inserting_before(node):
             new = body.graph.call_module(name, node.args, node.kwargs)
+        new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         body.graph.erase_node(node)
     if count:

@@ -16,9 +16,13 @@ The rules follow what PyTorch does (they are checked against measured runs in th
   saves anything (it stops early there), and keeps the recomputed saved storages until the
   backward op that unpacks them has run;
 * the gradient of an op's output is created by the backward of its last reader (or at the
-  start of the backward pass for a step output), accumulates the gradients from the other
-  readers in place, and is freed once the op's own backward has run; views pass gradients
-  on without copying; a parameter gradient lives to the end of the step.
+  start of the backward pass for a step output) and is freed once the op's own backward
+  has run; views pass gradients on without copying; a parameter gradient lives to the end
+  of the step;
+* when another reader's backward produces a gradient for a tensor that already has one,
+  autograd adds the two once that backward has released its inputs; the sum is modelled
+  out of place (old, new and sum alive together), which is what the engine does when
+  neither buffer can be reused and an upper bound otherwise.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class Step:
     """One step of the lowered op sequence.
 
     Attributes:
-        kind: ``"fwd"``, ``"recompute"``, ``"bwd_start"`` (output gradients appear) or ``"bwd"``.
+        kind: ``"fwd"``, ``"recompute"``, ``"bwd_start"`` (output gradients appear), ``"bwd"``,
+            or ``"accumulate"`` (a gradient is added to an existing one).
         node: the op (empty for ``bwd_start``).
         alloc: ``(instance id, bytes)`` of the storages this step creates.
         free: instance ids released once this step is done.
@@ -72,6 +77,9 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     kinds.append(("bwd_start", ""))
     rec_pos: dict[str, int] = {}
     bwd_pos: dict[str, int] = {}
+    acc_pos: dict[str, int] = {}
+    accumulates: dict[str, list[str]] = {}  # op -> inputs whose gradient it adds to
+    has_grad = {o for o in graph.graph["outputs"] if nodes[o]["has_backward"]}
     replayed_regions: set[int] = set()
     for n in reversed(order):
         if not nodes[n]["has_backward"]:
@@ -84,6 +92,13 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 kinds.append(("recompute", u))
         bwd_pos[n] = len(kinds)
         kinds.append(("bwd", n))
+        targets = [u for u in preds[n] if nodes[u]["requires_grad"]]
+        if not nodes[n]["bwd_grad_alias"]:
+            accumulates[n] = [u for u in targets if u in has_grad]
+            if accumulates[n]:
+                acc_pos[n] = len(kinds)
+                kinds.append(("accumulate", n))
+        has_grad.update(targets)
     end = len(kinds)  # "held to the end of the step"
 
     alloc_at: dict[str, tuple[int, int]] = {}  # instance -> (position, bytes)
@@ -162,16 +177,18 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         if kind in ("fwd", "recompute"):
             transient[position] = nodes[n]["fwd_workspace_bytes"]
             continue
+        if kind == "accumulate":
+            transient[position] = sum(nodes[u]["grad_bytes"] for u in accumulates[n])
+            continue
         if kind != "bwd":
             continue
         attrs = nodes[n]
-        extra = attrs["bwd_workspace_bytes"]
+        for u in accumulates.get(n, ()):
+            inst = f"g:{u}@{n}"  # the incoming gradient, summed into the existing one
+            alloc_at[inst] = (position, nodes[u]["grad_bytes"])
+            hold(inst, acc_pos[n])
         for u in preds[n]:
-            if not nodes[u]["requires_grad"]:
-                continue
-            if grads.get(u):
-                if not attrs["bwd_grad_alias"]:
-                    extra += nodes[u]["grad_bytes"]
+            if not nodes[u]["requires_grad"] or grads.get(u):
                 continue
             if attrs["bwd_grad_alias"]:
                 grads[u] = list(grads.get(n, []))
@@ -185,7 +202,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
             inst = f"p:{n}"
             alloc_at[inst] = (position, attrs["param_grad_bytes"])
             hold(inst, end)
-        transient[position] = extra
+        transient[position] = attrs["bwd_workspace_bytes"]
 
     allocs: list[list[tuple[str, int]]] = [[] for _ in range(end)]
     frees: list[list[str]] = [[] for _ in range(end)]

@@ -27,7 +27,7 @@ class TimelinePoint:
     """Memory at one step of the op sequence.
 
     Attributes:
-        kind: ``"fwd"``, ``"recompute"``, ``"bwd_start"`` or ``"bwd"``.
+        kind: ``"fwd"``, ``"recompute"``, ``"bwd_start"``, ``"bwd"`` or ``"accumulate"``.
         node: the op of the step.
         during_bytes: bytes alive while the step runs (transients included).
         after_bytes: bytes alive once it is done.

@@ -44,8 +44,10 @@ Node attributes (units in the names):
 =====================  ======================================================================
 
 Graph attributes: ``format_version``, ``name``, ``param_bytes``, ``trainable_param_bytes``,
-``buffer_bytes``, ``input_bytes``, ``outputs`` (names of the nodes whose values the step
-returns), ``tracer``, ``torch_version``, ``cost_model``.
+``buffer_bytes``, ``input_bytes``, ``largest_param_bytes``, ``n_trainable_tensors`` (for
+optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``, ``meta``),
+``outputs`` (names of the nodes whose values the step returns), ``tracer``,
+``torch_version``, ``cost_model``.
 """
 
 from __future__ import annotations
@@ -92,7 +94,14 @@ _BOOL_ATTRS = (
     "cut_after_ok",
 )
 _STR_ATTRS = ("op", "module_path")
-_GRAPH_INT_ATTRS = ("param_bytes", "trainable_param_bytes", "buffer_bytes", "input_bytes")
+_GRAPH_INT_ATTRS = (
+    "param_bytes",
+    "trainable_param_bytes",
+    "buffer_bytes",
+    "input_bytes",
+    "largest_param_bytes",
+    "n_trainable_tensors",
+)
 
 NODE_ATTRS: tuple[str, ...] = (
     *_INT_ATTRS,
@@ -177,6 +186,9 @@ def new_graph(
     trainable_param_bytes: int = 0,
     buffer_bytes: int = 0,
     input_bytes: int = 0,
+    largest_param_bytes: int = 0,
+    n_trainable_tensors: int = 0,
+    device_type: str = "cpu",
     tracer: str = "synthetic",
     torch_version: str = "",
     cost_model: str = "",
@@ -190,6 +202,9 @@ def new_graph(
         trainable_param_bytes=trainable_param_bytes,
         buffer_bytes=buffer_bytes,
         input_bytes=input_bytes,
+        largest_param_bytes=largest_param_bytes,
+        n_trainable_tensors=n_trainable_tensors,
+        device_type=device_type,
         outputs=[],
         tracer=tracer,
         torch_version=torch_version,
@@ -260,6 +275,9 @@ def check_graph(graph: CostGraph) -> None:
         )
     for key in _GRAPH_INT_ATTRS:
         _check_int(graph.graph.get(key), f"graph attribute {key!r}", MAX_BYTES)
+    for key in ("name", "device_type", "tracer", "torch_version", "cost_model"):
+        if not isinstance(graph.graph.get(key), str):
+            raise _fail(f"graph attribute {key!r} must be a string.")
     if not isinstance(graph.graph.get("outputs"), list):
         raise _fail("graph attribute 'outputs' must be a list of node names.")
     for out in graph.graph["outputs"]:

@@ -55,6 +55,9 @@ _NOT_TENSOR = object()
 
 
 def _is_call(node: torch.fx.Node) -> bool:
+    """An op of the cost graph: every call node but export's input-guard module."""
+    if node.op == "call_module" and str(node.target) == "_guards_fn":
+        return False
     return node.op in ("call_function", "call_method", "call_module")
 
 
@@ -278,6 +281,12 @@ class _Builder:
             )
 
         params = list(self.gm.parameters())
+        trainable = [p for p in params if p.requires_grad]
+        graph.graph["n_trainable_tensors"] = len(trainable)
+        graph.graph["largest_param_bytes"] = max(
+            (p.numel() * p.element_size() for p in trainable), default=0
+        )
+        graph.graph["device_type"] = self.device_type
         graph.graph["param_bytes"] = sum(nbytes(p) for p in params)
         seen.clear()
         graph.graph["trainable_param_bytes"] = sum(nbytes(p) for p in params if p.requires_grad)
@@ -391,6 +400,7 @@ class _Builder:
             )
             result = self._conservative(node, infos_src)
 
+        _full_buffer_reduction(node, result, self.device_type, infos_src)
         single = sum(1 for g in set(result.out_group) if g >= 0) == 1 and len(value_leaves) == 1
         group_ids = [name if single else f"{name}:{g}" for g in range(len(result.group_bytes))]
         outputs = {gid: nbytes for gid, nbytes in zip(group_ids, result.group_bytes)}
@@ -596,6 +606,33 @@ class _Builder:
                 forbid.update({idx - 1, idx})
         for _name, attrs in graph.nodes(data=True):
             attrs["cut_after_ok"] = attrs["index"] not in forbid
+
+
+# CPU kernels of these losses compute the unreduced loss into a buffer the size of the input
+# and return the reduction as a view of it, so the scalar output keeps that whole storage
+# alive. Meta kernels (what fake tensors run) allocate just the scalar. Value: position of
+# the `reduction` argument (0 = none, which returns the full tensor anyway).
+_CPU_FULL_BUFFER_REDUCTIONS = {
+    "aten.mse_loss.default": 2,
+    "aten.smooth_l1_loss.default": 2,
+    "aten.binary_cross_entropy.default": 3,
+}
+
+
+def _full_buffer_reduction(
+    node: torch.fx.Node, result: ProbeResult, device_type: str, infos: list[_Leaf]
+) -> None:
+    position = _CPU_FULL_BUFFER_REDUCTIONS.get(op_name(node))
+    if position is None or device_type != "cpu" or not result.group_bytes:
+        return
+    reduction = (
+        node.args[position] if len(node.args) > position else node.kwargs.get("reduction", 1)
+    )
+    first = node.args[0] if node.args else None
+    value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
+    if reduction == 0 or not isinstance(value, torch.Tensor):
+        return
+    result.group_bytes[0] = max(result.group_bytes[0], dense_bytes(value))
 
 
 def build_cost_graph(

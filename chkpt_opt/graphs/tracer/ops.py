@@ -14,14 +14,14 @@ import torch.fx
 
 _RANDOM_NAME_PARTS = ("dropout", "rand", "bernoulli", "normal", "multinomial", "poisson")
 
-# Batch-norm style ops: (op name, indices of running_mean and running_var, index of `training`).
-_BATCH_NORM_OPS: dict[str, tuple[tuple[int, int], int]] = {
-    "aten.batch_norm.default": ((3, 4), 5),
-    "aten.instance_norm.default": ((3, 4), 5),
-    "aten._native_batch_norm_legit.default": ((3, 4), 5),
-    "aten.native_batch_norm.default": ((3, 4), 5),
-    "aten._batch_norm_with_update.default": ((3, 4), -1),
-    "aten.cudnn_batch_norm.default": ((3, 4), 5),
+# Batch-norm style ops: (indices of running_mean and running_var, of `training`, of `momentum`).
+_BATCH_NORM_OPS: dict[str, tuple[tuple[int, int], int, int]] = {
+    "aten.batch_norm.default": ((3, 4), 5, 6),
+    "aten.instance_norm.default": ((3, 4), 5, 6),
+    "aten._native_batch_norm_legit.default": ((3, 4), 5, 6),
+    "aten.native_batch_norm.default": ((3, 4), 5, 6),
+    "aten._batch_norm_with_update.default": ((3, 4), -1, 5),
+    "aten.cudnn_batch_norm.default": ((3, 4), 5, 6),
 }
 
 
@@ -89,17 +89,23 @@ def state_arg_positions(node: torch.fx.Node, root: torch.nn.Module | None = None
     Returns the positional indices of ``running_mean`` and ``running_var`` when the op is
     a batch-norm in training mode with running statistics, else an empty list.
     """
-    name = op_name(node, root)
-    spec = _BATCH_NORM_OPS.get(name)
+    spec = _BATCH_NORM_OPS.get(op_name(node, root))
     if spec is None:
         return []
-    (mean_i, var_i), training_i = spec
+    (mean_i, var_i), training_i, _ = spec
     args = node.args
     if len(args) <= var_i or args[mean_i] is None:
         return []
     if training_i >= 0 and (len(args) <= training_i or args[training_i] is not True):
         return []
     return [mean_i, var_i]
+
+
+def momentum_position(node: torch.fx.Node, root: torch.nn.Module | None = None) -> int | None:
+    """Index of the ``momentum`` argument of a batch-norm op that updates running statistics."""
+    if not state_arg_positions(node, root):
+        return None
+    return _BATCH_NORM_OPS[op_name(node, root)][2]
 
 
 def is_batch_norm_module(module: Any) -> bool:

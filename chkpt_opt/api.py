@@ -1,0 +1,266 @@
+"""The public API: trace, solve, simulate, plan, optimize.
+
+Example:
+    >>> import torch, chkpt_opt
+    >>> net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    >>> x = torch.randn(32, 64)
+    >>> plan = chkpt_opt.plan(net, (x,), budget="1MB", optimizer=None)
+    >>> plan.predicted_peak_bytes <= 1_000_000
+    True
+    >>> optimized = plan.apply()   # train it like `net`; it shares net's parameters
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from chkpt_opt.budget import (
+    Budget,
+    OptimizerSpec,
+    StaticMemory,
+    format_bytes,
+    graph_static_memory,
+    optimizer_spec,
+    parse_budget,
+    split_budget,
+)
+from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.tracer import Traced, trace_model
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.solvers import SolveResult, get_solver
+
+log = logging.getLogger(__name__)
+
+OptimizerArg = str | torch.optim.Optimizer | None
+
+
+def _spec_of(optimizer: OptimizerArg) -> tuple[OptimizerSpec | None, bool | None]:
+    """The optimizer spec and ``foreach`` setting of a name or an optimizer instance."""
+    if optimizer is None or isinstance(optimizer, str):
+        return optimizer_spec(optimizer), None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise BudgetError(
+            f"optimizer {optimizer!r} is neither a name, None, nor a torch.optim.Optimizer."
+        )
+    defaults = optimizer.defaults
+    foreach = defaults.get("foreach")
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        name = "adamw_amsgrad" if defaults.get("amsgrad") else "adamw"
+    elif isinstance(optimizer, torch.optim.SGD):
+        name = "sgd_momentum" if defaults.get("momentum", 0) else "sgd"
+    elif isinstance(optimizer, torch.optim.RMSprop):
+        name = "rmsprop"
+    elif isinstance(optimizer, torch.optim.Adagrad):
+        name = "adagrad"
+    else:
+        raise BudgetError(
+            f"chkpt_opt does not know the state size of {type(optimizer).__name__}; pass one of "
+            "the optimizer names ('adamw', 'adam', 'sgd', 'sgd_momentum', 'rmsprop', 'adagrad') "
+            "that matches it, or optimizer=None and leave room for its state in the budget."
+        )
+    return optimizer_spec(name), foreach
+
+
+def static_memory_for(graph: CostGraph, optimizer: OptimizerArg = "adamw") -> StaticMemory:
+    """The resident memory of a training step of ``graph`` with ``optimizer``."""
+    spec, foreach = _spec_of(optimizer)
+    return graph_static_memory(graph.graph, spec, foreach=foreach)
+
+
+def _device_total_bytes(graph: CostGraph) -> int | None:
+    if graph.graph.get("device_type") == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    return None
+
+
+def activation_budget(
+    graph: CostGraph, budget: int | str | Budget, *, optimizer: OptimizerArg = "adamw"
+) -> tuple[Budget, StaticMemory, int]:
+    """Parses a step budget and returns it with the resident memory and what remains for the
+    forward and backward passes (the budget a solver gets)."""
+    parsed = parse_budget(budget, device_total_bytes=_device_total_bytes(graph))
+    static = static_memory_for(graph, optimizer)
+    return parsed, static, split_budget(parsed, static)
+
+
+def solve(
+    graph: CostGraph,
+    budget: int | str | Budget,
+    *,
+    solver: str = "auto",
+    time_limit_s: float | None = None,
+    optimizer: OptimizerArg = "adamw",
+    **settings: Any,
+) -> SolveResult:
+    """Finds a schedule of ``graph`` for a whole-step ``budget``.
+
+    The resident memory (parameters, buffers, inputs, optimizer state) is subtracted first
+    (:func:`chkpt_opt.budget.split_budget`); the solver gets the rest.
+
+    Raises:
+        BudgetError: if the budget cannot be parsed or is below the resident memory.
+    """
+    _, _, act = activation_budget(graph, budget, optimizer=optimizer)
+    return get_solver(solver, **settings)(graph, act, time_limit_s=time_limit_s)
+
+
+def smallest_peak(graph: CostGraph, *, time_limit_s: float | None = None) -> SolveResult:
+    """The lowest-peak schedule the available solvers find (asked for a budget of 0 bytes)."""
+    return get_solver("auto")(graph, 0, time_limit_s=time_limit_s)
+
+
+@dataclass
+class Plan:
+    """A solved plan for one model, budget and optimizer.
+
+    Attributes:
+        graph: the model's cost graph.
+        result: the solver's result.
+        budget: the whole-step budget.
+        static: resident memory of the step (parameters, buffers, inputs, optimizer state).
+        activation_budget_bytes: what the schedule may use in forward and backward.
+        profile: the simulated memory timeline of the schedule.
+    """
+
+    graph: CostGraph
+    result: SolveResult
+    budget: Budget
+    static: StaticMemory
+    activation_budget_bytes: int
+    profile: MemoryProfile
+    traced: Traced = field(repr=False)
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule the plan runs."""
+        return self.result.schedule
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """Predicted peak of the whole training step: resident memory plus the larger of the
+        forward/backward peak and the optimizer phase."""
+        return self.static.resident_bytes + max(
+            self.profile.peak_bytes, self.static.optimizer_phase_bytes
+        )
+
+    def apply(self) -> torch.nn.Module:
+        """Returns a new module that runs the schedule; it shares the model's parameters."""
+        module = self.traced.captured.fresh_module()
+        return apply_schedule(module, self.graph, self.schedule)
+
+    def summary(self) -> str:
+        """Human-readable lines: budget, its split, the prediction, and the solver's status."""
+        s = self.static
+        r = self.result
+        lines = [
+            f"budget: {format_bytes(self.budget.total_bytes)}",
+            f"  resident: {format_bytes(s.resident_bytes)} (parameters {format_bytes(s.param_bytes)}, "
+            f"optimizer state {format_bytes(s.optimizer_state_bytes)}, buffers+inputs "
+            f"{format_bytes(s.buffer_bytes + s.input_bytes)})",
+            f"  for forward/backward: {format_bytes(self.activation_budget_bytes)}",
+            f"predicted peak: {format_bytes(self.predicted_peak_bytes)} "
+            f"(forward/backward {format_bytes(self.profile.peak_bytes)})",
+            f"schedule: {len(self.schedule.regions)} recompute regions, "
+            f"{len(self.schedule.recomputed_nodes())} of {self.graph.number_of_nodes()} ops; "
+            f"estimated extra compute {self.profile.overhead:.1%}",
+            f"solver: {r.solver} -> {r.status.value}"
+            + (f" (gap {r.gap:.2%})" if r.gap is not None else "")
+            + f" in {r.solve_s:.2f}s",
+        ]
+        return "\n".join(lines)
+
+
+def plan(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    budget: int | str | Budget,
+    solver: str = "auto",
+    optimizer: OptimizerArg = "adamw",
+    example_kwargs: dict[str, Any] | None = None,
+    time_limit_s: float | None = None,
+    tracer: str = "auto",
+) -> Plan:
+    """Traces ``model`` and solves for the cheapest schedule whose whole step fits ``budget``.
+
+    Args:
+        model: the model, in the mode it will train in (``model.train()``).
+        example_inputs: positional inputs of one step (tensors, or nested containers of them).
+        budget: peak memory of the whole training step: ``"20GB"``, ``"20GiB"``, bytes, or
+            ``"80%"`` of the CUDA device.
+        solver: a registered solver name (see :func:`available_solvers`) or ``"auto"``.
+        optimizer: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, another known name, a
+            torch.optim optimizer instance, or None to count no optimizer state.
+        example_kwargs: keyword inputs of one step.
+        time_limit_s: time limit for the solver.
+        tracer: ``"auto"`` (torch.export, then torch.fx), ``"export"`` or ``"fx"``.
+
+    Raises:
+        BudgetError: unreadable budget, or below the resident memory.
+        InfeasibleBudgetError: no schedule fits; the message states the smallest budget that
+            the available solvers can meet, in GB and GiB.
+        TraceError: the model or its inputs cannot be traced.
+    """
+    traced = trace_model(model, example_inputs, example_kwargs, method=tracer)
+    graph = traced.graph
+    parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
+    result = get_solver(solver)(graph, act, time_limit_s=time_limit_s)
+    if not result.feasible:
+        lowest = smallest_peak(graph, time_limit_s=time_limit_s)
+        minimum = static.resident_bytes + max(lowest.peak_bytes, static.optimizer_phase_bytes)
+        raise InfeasibleBudgetError(
+            f"budget {parsed.text!r} = {format_bytes(parsed.total_bytes)} is below the smallest "
+            f"budget the available solvers can meet for this model and inputs: "
+            f"{format_bytes(minimum)} ({minimum} bytes; resident {format_bytes(static.resident_bytes)}"
+            f" + forward/backward {format_bytes(lowest.peak_bytes)}). Raise the budget to at least "
+            "that, or reduce the batch size.",
+            budget_bytes=act,
+            min_feasible_bytes=minimum,
+            exact=False,
+        )
+    profile = simulate(graph, result.schedule)
+    made = Plan(
+        graph=graph,
+        result=result,
+        budget=parsed,
+        static=static,
+        activation_budget_bytes=act,
+        profile=profile,
+        traced=traced,
+    )
+    log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
+    return made
+
+
+def optimize(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    budget: int | str | Budget,
+    **kwargs: Any,
+) -> torch.nn.Module:
+    """``plan(model, example_inputs, budget=..., **kwargs).apply()``.
+
+    The returned module computes the same function as ``model`` and shares its Parameter
+    objects, so an optimizer built on ``model.parameters()`` trains it.
+    """
+    return plan(model, example_inputs, budget=budget, **kwargs).apply()
+
+
+def trace(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    tracer: str = "auto",
+) -> CostGraph:
+    """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`)."""
+    return trace_model(model, example_inputs, example_kwargs, name=name, method=tracer).graph

@@ -1,0 +1,126 @@
+"""Runs one training step (forward + backward) and measures its peak memory and time.
+
+The step is the one the simulator models: call the module, then run the backward pass of
+every floating-point output that requires grad, seeded with ones (for a model that returns
+a scalar loss this is exactly ``loss.backward()``).
+
+Peak memory is the peak of bytes created during the step, on top of what was resident
+before it (parameters, inputs, optimizer state): on CPU every tensor storage is tracked
+exactly (:class:`~chkpt_opt.graphs.tracer.storage.StorageTracker`); on CUDA it is
+``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from chkpt_opt.graphs.tracer.storage import StorageTracker
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """One measured step.
+
+    Attributes:
+        peak_bytes: peak bytes created during forward and backward.
+        outputs: the module's outputs, detached.
+        device: ``"cpu"`` or ``"cuda"``.
+    """
+
+    peak_bytes: int
+    outputs: Any
+    device: str
+
+
+def grad_outputs(out: Any) -> list[torch.Tensor]:
+    """The outputs a step differentiates: floating-point tensors that require grad."""
+    return [
+        t
+        for t in tree_flatten(out)[0]
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype.is_floating_point
+    ]
+
+
+def run_step(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Forward and backward once; returns the outputs (detached)."""
+    out = module(*args, **kwargs)
+    outs = grad_outputs(out)
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+    return _detach(out)
+
+
+def _detach(out: Any) -> Any:
+    leaves, spec = tree_flatten(out)
+    return spec.unflatten([x.detach() if isinstance(x, torch.Tensor) else x for x in leaves])
+
+
+def device_of(module: torch.nn.Module, args: tuple[Any, ...]) -> torch.device:
+    """The device a step runs on (of the first parameter or tensor input)."""
+    for p in module.parameters():
+        return p.device
+    for x in tree_flatten(args)[0]:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def measure_step(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> StepMeasurement:
+    """Runs one step and measures its peak memory exactly (CPU) or by the allocator (CUDA)."""
+    kwargs = kwargs or {}
+    device = device_of(module, args)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        out = run_step(module, args, kwargs)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+        return StepMeasurement(peak_bytes=int(peak), outputs=out, device="cuda")
+    with StorageTracker() as tracker:
+        out = run_step(module, args, kwargs)
+    return StepMeasurement(peak_bytes=tracker.peak_bytes, outputs=out, device=device.type)
+
+
+def time_step(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    """Wall-clock seconds of one step (synchronized on CUDA)."""
+    device = device_of(module, args)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    run_step(module, args, kwargs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def preserved_state(module: torch.nn.Module) -> Iterator[None]:
+    """Restores buffers, gradients and the RNG state of ``module`` on exit."""
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    grads = {
+        name: (p.grad.detach().clone() if p.grad is not None else None)
+        for name, p in module.named_parameters()
+    }
+    rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                b.copy_(buffers[name])
+            for name, p in module.named_parameters():
+                p.grad = grads[name]
+        torch.random.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)

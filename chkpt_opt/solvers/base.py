@@ -1,0 +1,116 @@
+"""What every solver returns, and the protocol a solver follows.
+
+A solver is a value: a frozen dataclass holding its settings, called as
+``solver(graph, budget_bytes, time_limit_s=...)``. It sees only a CostGraph and a byte
+count, never a model, so it runs on exported graph files.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import MemoryProfile
+
+
+class SolveStatus(str, enum.Enum):
+    """How good a result is known to be.
+
+    ``optimal``: proven optimal for the schedule model. ``feasible``: fits the budget, no
+    proof of optimality (see ``bound``). ``infeasible``: nothing the solver found fits (the
+    schedule returned is the lowest-peak one it found). ``timed_out``: the time limit ran
+    out before any feasible schedule was found.
+    """
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """The outcome of a solve.
+
+    Attributes:
+        schedule: the best schedule found (the lowest-peak one when none fits).
+        status: see :class:`SolveStatus`.
+        objective: extra compute of ``schedule``, in estimated seconds of recomputation.
+        bound: a proven lower bound on the objective of any schedule that fits, or None.
+        peak_bytes: simulated peak of ``schedule`` (forward and backward, without the
+            resident memory).
+        budget_bytes: the budget the solver was given.
+        solver: the solver's name.
+        solve_s: wall-clock seconds spent solving.
+        stats: solver-specific numbers (candidates tried, nodes explored, ...).
+    """
+
+    schedule: Schedule
+    status: SolveStatus
+    objective: float
+    bound: float | None
+    peak_bytes: int
+    budget_bytes: int
+    solver: str
+    solve_s: float
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the schedule fits the budget."""
+        return self.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
+
+    @property
+    def gap(self) -> float | None:
+        """Relative optimality gap ``(objective - bound) / objective`` (0 when optimal)."""
+        if self.bound is None or not self.feasible:
+            return None
+        if self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+class Solver(Protocol):
+    """A solver: a value with a name, called on a graph and an activation budget."""
+
+    name: str
+
+    def __call__(
+        self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
+    ) -> SolveResult: ...
+
+
+def result_from_profile(
+    schedule: Schedule,
+    profile: MemoryProfile,
+    *,
+    budget_bytes: int,
+    solver: str,
+    solve_s: float,
+    bound: float | None = None,
+    proven_optimal: bool = False,
+    stats: Mapping[str, Any] | None = None,
+) -> SolveResult:
+    """Builds a SolveResult for a schedule that was simulated, setting the status honestly."""
+    fits = profile.peak_bytes <= budget_bytes
+    if not fits:
+        status = SolveStatus.INFEASIBLE
+    elif proven_optimal or (bound is not None and profile.recompute_s <= bound + 1e-12):
+        status = SolveStatus.OPTIMAL
+    else:
+        status = SolveStatus.FEASIBLE
+    return SolveResult(
+        schedule=schedule,
+        status=status,
+        objective=profile.recompute_s,
+        bound=bound if fits else None,
+        peak_bytes=profile.peak_bytes,
+        budget_bytes=budget_bytes,
+        solver=solver,
+        solve_s=solve_s,
+        stats=dict(stats or {}),
+    )

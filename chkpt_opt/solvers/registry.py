@@ -1,0 +1,69 @@
+"""The solver registry: solvers found by name.
+
+Example:
+    >>> "greedy" in available_solvers()
+    True
+    >>> get_solver("sqrt").name
+    'sqrt'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from chkpt_opt.errors import SolverError
+from chkpt_opt.solvers.base import Solver
+
+_REGISTRY: dict[str, Callable[..., Solver]] = {}
+_DESCRIPTIONS: dict[str, str] = {}
+
+
+def register(
+    name: str, description: str
+) -> Callable[[Callable[..., Solver]], Callable[..., Solver]]:
+    """Class decorator that registers a solver factory under ``name``."""
+
+    def wrap(factory: Callable[..., Solver]) -> Callable[..., Solver]:
+        if name in _REGISTRY:
+            raise SolverError(f"solver name {name!r} is registered twice.")
+        _REGISTRY[name] = factory
+        _DESCRIPTIONS[name] = description
+        return factory
+
+    return wrap
+
+
+def available_solvers() -> dict[str, str]:
+    """Names of the registered solvers, with a one-line description of each."""
+    _load_builtin()
+    return dict(sorted(_DESCRIPTIONS.items()))
+
+
+def get_solver(name: str | Solver, **settings: Any) -> Solver:
+    """Returns the solver registered as ``name``, built with ``settings``.
+
+    A solver value passed instead of a name is returned unchanged.
+
+    Raises:
+        SolverError: for an unknown name (the message lists the known ones).
+    """
+    if not isinstance(name, str):
+        return name
+    _load_builtin()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise SolverError(f"solver {name!r} is unknown; available solvers: {known}.") from None
+    try:
+        return factory(**settings)
+    except TypeError as err:
+        raise SolverError(
+            f"solver {name!r} does not take settings {sorted(settings)}: {err}"
+        ) from None
+
+
+def _load_builtin() -> None:
+    # Importing the modules registers their solvers.
+    from chkpt_opt.solvers import auto, greedy, keep_all, sqrt  # noqa: F401

@@ -1,0 +1,174 @@
+"""Validation: does the optimized module compute the same thing, in the memory predicted?
+
+:func:`validate` runs one step of the original model and one of the optimized module from
+the same RNG state, compares outputs, parameter gradients and buffers (batch-norm
+statistics), measures both peaks, and times both in the same run (interleaved, median of
+several steps) to report a step-time ratio. The model is left as it was found: buffers,
+gradients and RNG state are restored.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from chkpt_opt.budget import format_bytes
+from chkpt_opt.graphs.tracer.capture import normalize_inputs
+from chkpt_opt.measure import measure_step, preserved_state, time_step
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """What :func:`validate` found.
+
+    Peak bytes are those created during forward and backward, on top of the resident
+    memory (parameters, inputs, optimizer state), as the simulator predicts them.
+
+    Attributes:
+        grads_bitwise_equal: every parameter gradient is bit-for-bit the original's.
+        outputs_bitwise_equal: the outputs are bit-for-bit the original's.
+        buffers_bitwise_equal: buffers (batch-norm statistics...) end the step identical.
+        max_grad_rel_diff: largest ``max|g_opt - g_ref| / max|g_ref|`` over parameters.
+        predicted_peak_bytes: the simulator's prediction for the optimized step, if known.
+        measured_peak_bytes: the measured peak of the optimized step.
+        baseline_peak_bytes: the measured peak of the original step.
+        step_time_ratio: median step time optimized / original, measured side by side.
+        device: where the steps ran.
+    """
+
+    grads_bitwise_equal: bool
+    outputs_bitwise_equal: bool
+    buffers_bitwise_equal: bool
+    max_grad_rel_diff: float
+    predicted_peak_bytes: int | None
+    measured_peak_bytes: int
+    baseline_peak_bytes: int
+    step_time_ratio: float
+    device: str
+
+    @property
+    def prediction_error(self) -> float | None:
+        """``(predicted - measured) / measured``; positive means the prediction is conservative."""
+        if self.predicted_peak_bytes is None or self.measured_peak_bytes == 0:
+            return None
+        return (self.predicted_peak_bytes - self.measured_peak_bytes) / self.measured_peak_bytes
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        lines = [
+            f"gradients: {'bitwise equal' if self.grads_bitwise_equal else f'max rel diff {self.max_grad_rel_diff:.2e}'}"
+            f"; outputs {'equal' if self.outputs_bitwise_equal else 'differ'}"
+            f"; buffers {'equal' if self.buffers_bitwise_equal else 'differ'}",
+            f"peak (forward+backward, {self.device}): measured {format_bytes(self.measured_peak_bytes)}"
+            + (
+                f", predicted {format_bytes(self.predicted_peak_bytes)} ({self.prediction_error:+.2%})"
+                if self.predicted_peak_bytes is not None
+                else ""
+            )
+            + f", without checkpointing {format_bytes(self.baseline_peak_bytes)}",
+            f"step time vs original: {self.step_time_ratio:.2f}x",
+        ]
+        return "\n".join(lines)
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    return {
+        n: (p.grad.detach().clone() if p.grad is not None else None)
+        for n, p in model.named_parameters()
+    }
+
+
+def _clear_grads(model: torch.nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    la, lb = tree_flatten(a)[0], tree_flatten(b)[0]
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor) and not (x.shape == y.shape and torch.equal(x, y)):
+            return False
+    return True
+
+
+def validate(
+    model: torch.nn.Module,
+    optimized: torch.nn.Module,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    predicted_peak_bytes: int | None = None,
+    repeats: int = 5,
+    seed: int = 0,
+) -> ValidationReport:
+    """Compares one step of ``optimized`` against one step of ``model``.
+
+    Args:
+        model: the original model.
+        optimized: the optimized module (sharing the model's parameters).
+        example_inputs: positional inputs of the step.
+        example_kwargs: keyword inputs of the step.
+        predicted_peak_bytes: the simulator's forward+backward peak for ``optimized``
+            (``plan.profile.peak_bytes``), reported beside the measured one.
+        repeats: steps timed per module for the time ratio.
+        seed: RNG seed of the compared steps.
+    """
+    args, kwargs = normalize_inputs(example_inputs, example_kwargs)
+    with preserved_state(model):
+        start_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+
+        def one(
+            module: torch.nn.Module,
+        ) -> tuple[Any, dict[str, torch.Tensor | None], dict[str, torch.Tensor], int, str]:
+            with torch.no_grad():
+                for n, b in model.named_buffers():
+                    b.copy_(start_buffers[n])
+            _clear_grads(model)
+            torch.manual_seed(seed)
+            measured = measure_step(module, args, kwargs)
+            buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+            return measured.outputs, _grads(model), buffers, measured.peak_bytes, measured.device
+
+        ref_out, ref_grads, ref_buf, base_peak, device = one(model)
+        opt_out, opt_grads, opt_buf, opt_peak, _ = one(optimized)
+
+        bitwise = True
+        max_rel = 0.0
+        for name, g in ref_grads.items():
+            h = opt_grads.get(name)
+            if g is None or h is None:
+                bitwise = bitwise and g is None and h is None
+                continue
+            if not torch.equal(g, h):
+                bitwise = False
+                scale = g.abs().max().item() or 1.0
+                max_rel = max(max_rel, (g - h).abs().max().item() / scale)
+        buffers_equal = all(torch.equal(ref_buf[n], opt_buf[n]) for n in ref_buf)
+
+        times: dict[str, list[float]] = {"ref": [], "opt": []}
+        for i in range(repeats + 1):
+            for key, module in (("ref", model), ("opt", optimized)):
+                _clear_grads(model)
+                elapsed = time_step(module, args, kwargs)
+                if i > 0:  # the first round warms up
+                    times[key].append(elapsed)
+        ratio = statistics.median(times["opt"]) / statistics.median(times["ref"])
+    return ValidationReport(
+        grads_bitwise_equal=bitwise,
+        outputs_bitwise_equal=_equal(ref_out, opt_out),
+        buffers_bitwise_equal=buffers_equal,
+        max_grad_rel_diff=max_rel,
+        predicted_peak_bytes=predicted_peak_bytes,
+        measured_peak_bytes=opt_peak,
+        baseline_peak_bytes=base_peak,
+        step_time_ratio=ratio,
+        device=device,
+    )
