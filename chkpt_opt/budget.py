@@ -64,11 +64,12 @@ class Budget:
 def format_bytes(num_bytes: float) -> str:
     """Formats a byte count in GB and GiB, the two units every printed budget shows.
 
-    Small values switch to MB/MiB so that they stay readable.
+    Two decimals from 0.1 GB up; three significant digits below, so small budgets stay
+    readable (``0.000353 GB (0.000329 GiB)``).
     """
-    if abs(num_bytes) < 10**8:
-        return f"{num_bytes / 1e6:.2f} MB ({num_bytes / 2**20:.2f} MiB)"
-    return f"{num_bytes / 1e9:.2f} GB ({num_bytes / 2**30:.2f} GiB)"
+    if abs(num_bytes) >= 10**8:
+        return f"{num_bytes / 1e9:.2f} GB ({num_bytes / 2**30:.2f} GiB)"
+    return f"{num_bytes / 1e9:.3g} GB ({num_bytes / 2**30:.3g} GiB)"
 
 
 def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = None) -> Budget:
@@ -206,26 +207,29 @@ class OptimizerSpec:
         state_copies: state tensors per parameter, each the size of the parameter.
         step_tensor_bytes: bytes of the per-parameter step counter (Adam keeps a float32
             scalar tensor).
-        step_extra_copies: temporaries of one step, in copies of the largest parameter (or
-            of all parameters with ``foreach``).
+        foreach_extra_copies: temporaries of one ``foreach`` step (PyTorch's default on
+            CUDA), in copies of all trainable parameters (AdamW: ``sqrt(exp_avg_sq)``).
+        single_extra_copies: temporaries of one per-tensor step (the default on CPU), in
+            copies of the largest parameter (AdamW: ``sqrt(exp_avg_sq)`` and its quotient).
     """
 
     name: str
     state_copies: int
     step_tensor_bytes: int = 0
-    step_extra_copies: int = 0
+    foreach_extra_copies: int = 0
+    single_extra_copies: int = 0
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
-    "adamw": OptimizerSpec("adamw", state_copies=2, step_tensor_bytes=4, step_extra_copies=2),
-    "adam": OptimizerSpec("adam", state_copies=2, step_tensor_bytes=4, step_extra_copies=2),
+    "adamw": OptimizerSpec("adamw", 2, 4, foreach_extra_copies=1, single_extra_copies=2),
+    "adam": OptimizerSpec("adam", 2, 4, foreach_extra_copies=1, single_extra_copies=2),
     "adamw_amsgrad": OptimizerSpec(
-        "adamw_amsgrad", state_copies=3, step_tensor_bytes=4, step_extra_copies=2
+        "adamw_amsgrad", 3, 4, foreach_extra_copies=1, single_extra_copies=2
     ),
-    "sgd": OptimizerSpec("sgd", state_copies=0),
-    "sgd_momentum": OptimizerSpec("sgd_momentum", state_copies=1, step_extra_copies=1),
-    "rmsprop": OptimizerSpec("rmsprop", state_copies=1, step_tensor_bytes=4, step_extra_copies=1),
-    "adagrad": OptimizerSpec("adagrad", state_copies=1, step_tensor_bytes=4, step_extra_copies=1),
+    "sgd": OptimizerSpec("sgd", 0),
+    "sgd_momentum": OptimizerSpec("sgd_momentum", 1, foreach_extra_copies=1, single_extra_copies=1),
+    "rmsprop": OptimizerSpec("rmsprop", 1, 4, foreach_extra_copies=1, single_extra_copies=2),
+    "adagrad": OptimizerSpec("adagrad", 1, 4, foreach_extra_copies=1, single_extra_copies=1),
 }
 
 
@@ -261,8 +265,9 @@ def static_memory(
 
     Optimizer state is ``state_copies`` times the trainable parameter bytes, plus one step
     counter per trainable tensor. The temporaries of one optimizer step are
-    ``step_extra_copies`` copies of the largest parameter, or of all trainable parameters
-    when the optimizer runs ``foreach`` (PyTorch's default on CUDA).
+    ``foreach_extra_copies`` copies of all trainable parameters when the optimizer runs
+    ``foreach`` (PyTorch's default on CUDA), else ``single_extra_copies`` copies of the
+    largest parameter.
 
     Example:
         >>> s = static_memory(param_bytes=100, trainable_param_bytes=100, buffer_bytes=0,
@@ -275,8 +280,10 @@ def static_memory(
     if optimizer is not None:
         state = optimizer.state_copies * trainable_param_bytes
         state += optimizer.step_tensor_bytes * n_trainable_tensors
-        unit = trainable_param_bytes if foreach else (largest_param_bytes or trainable_param_bytes)
-        extra = optimizer.step_extra_copies * unit
+        if foreach:
+            extra = optimizer.foreach_extra_copies * trainable_param_bytes
+        else:
+            extra = optimizer.single_extra_copies * (largest_param_bytes or trainable_param_bytes)
     return StaticMemory(
         param_bytes=param_bytes,
         buffer_bytes=buffer_bytes,

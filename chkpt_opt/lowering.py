@@ -13,8 +13,10 @@ The rules follow what PyTorch does (they are checked against measured runs in th
 * inside a region nothing is kept in the forward pass; the region's inputs are kept until
   the last backward op of the region that unpacks a saved tensor has run;
 * non-reentrant checkpoint recomputes the region from its first op up to its last op that
-  saves anything (it stops early there), and keeps the recomputed saved storages until the
-  backward op that unpacks them has run;
+  saves anything, and stops there as soon as that op has packed its last saved tensor.
+  Autograd packs an op's inputs before the op runs and its outputs after, so that last op
+  runs only if it saves one of its own storages. The recomputed saved storages are kept
+  until the backward op that unpacks them has run;
 * the gradient of an op's output is created by the backward of its last reader (or at the
   start of the backward pass for a step output) and is freed once the op's own backward
   has run; views pass gradients on without copying; a parameter gradient lives to the end
@@ -53,6 +55,20 @@ class Step:
     transient_bytes: int
 
 
+def _saves_own_storage(graph: CostGraph, node: str, owner: dict[str, str]) -> bool:
+    """Whether the op keeps one of its own outputs or buffers (packed after it runs)."""
+    return any(owner.get(sid) == node for sid in graph.nodes[node]["saved"])
+
+
+def replayed_ops(graph: CostGraph, region: tuple[str, ...], owner: dict[str, str]) -> list[str]:
+    """The ops of a region that its recomputation runs (see the module docstring)."""
+    packers = [n for n in region if graph.nodes[n]["n_saved"] > 0]
+    if not any(graph.nodes[n]["has_backward"] for n in packers):
+        return []
+    last = packers[-1]
+    return list(region[: region.index(last) + (1 if _saves_own_storage(graph, last, owner) else 0)])
+
+
 def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     """Returns the op sequence of one training step under ``schedule``.
 
@@ -73,7 +89,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         packers = [n for n in region if nodes[n]["n_saved"] > 0]
         triggers = [n for n in packers if nodes[n]["has_backward"]]
         if triggers:
-            replay[triggers[-1]] = (k, list(region[: region.index(packers[-1]) + 1]))
+            replay[triggers[-1]] = (k, replayed_ops(graph, region, owner))
     kinds.append(("bwd_start", ""))
     rec_pos: dict[str, int] = {}
     bwd_pos: dict[str, int] = {}

@@ -1,0 +1,169 @@
+"""End to end: plan, rewrite and run real models under budgets; measure against predictions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import chkpt_opt
+from chkpt_opt import zoo
+from chkpt_opt.api import smallest_peak
+from chkpt_opt.measure import measure_step
+from tests.conftest import MODELS
+
+N_BUDGETS = 4
+
+
+def _budgets(model, args, kwargs):
+    """Budgets from the store-everything peak down to the smallest the solvers reach."""
+    full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
+    lowest = smallest_peak(full.graph)
+    minimum = full.static.resident_bytes + lowest.peak_bytes
+    top = full.predicted_peak_bytes
+    assert minimum < top, "checkpointing must be able to save memory on these models"
+    return [int(minimum + (top - minimum) * k / (N_BUDGETS - 1)) for k in range(N_BUDGETS)], full
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_budget_sweep_meets_budget_predicts_peak_and_keeps_gradients(name: str) -> None:
+    model, args, kwargs = MODELS[name]()
+    budgets, full = _budgets(model, args, kwargs)
+    peaks = []
+    for budget in budgets:
+        plan = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=budget, optimizer=None)
+        optimized = plan.apply()
+        report = chkpt_opt.validate(
+            model, optimized, args, kwargs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=1
+        )
+        measured_total = plan.static.resident_bytes + report.measured_peak_bytes
+        assert measured_total <= budget, (name, budget, measured_total)
+        assert abs(report.prediction_error) <= 0.03, (name, budget, report.summary())
+        assert report.grads_bitwise_equal, (name, budget, report.max_grad_rel_diff)
+        assert report.outputs_bitwise_equal
+        assert report.buffers_bitwise_equal
+        peaks.append(report.measured_peak_bytes)
+    # The sweep really spans a range: the smallest budget forces recomputation.
+    assert peaks[0] < full.profile.peak_bytes
+
+
+def test_reference_gpt_meets_half_the_store_everything_peak_without_optimizer() -> None:
+    model, args, kwargs = zoo.gpt()  # 8 layers, d_model 256, 4 heads, seq 256, batch 8
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    budget = full.predicted_peak_bytes // 2
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None)
+    assert plan.predicted_peak_bytes <= budget
+    optimized = plan.apply()
+    torch.manual_seed(0)
+    measured = measure_step(optimized, args, kwargs)
+    assert plan.static.resident_bytes + measured.peak_bytes <= budget
+    assert abs(measured.peak_bytes - plan.profile.peak_bytes) <= 0.03 * measured.peak_bytes
+
+
+def test_optimized_module_shares_parameters_and_state_dict_keys() -> None:
+    model, args, kwargs = MODELS["resnet"]()
+    plan = chkpt_opt.plan(model, args, budget=smallest_budget(model, args, kwargs), optimizer=None)
+    assert plan.schedule.regions, "the budget must force recompute regions"
+    optimized = plan.apply()
+    assert {id(p) for p in optimized.parameters()} == {id(p) for p in model.parameters()}
+    assert set(optimized.state_dict()) == set(model.state_dict())
+    for key, value in optimized.state_dict().items():
+        assert value.data_ptr() == model.state_dict()[key].data_ptr()
+
+
+def smallest_budget(model, args, kwargs) -> int:
+    full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
+    return full.static.resident_bytes + smallest_peak(full.graph).peak_bytes
+
+
+@pytest.mark.parametrize("name", ["gpt", "resnet"])
+def test_training_loop_matches_original_over_several_steps(name: str) -> None:
+    """Dropout replays its random numbers and batch norm updates its statistics once per step,
+    so several AdamW steps on the optimized module end in the same parameters and buffers."""
+    model_a, args, kwargs = MODELS[name]()
+    model_b, _, _ = MODELS[name]()
+    model_b.load_state_dict(model_a.state_dict())
+    budget = smallest_budget(model_b, args, kwargs)
+    optimized = chkpt_opt.optimize(
+        model_b, args, example_kwargs=kwargs, budget=budget, optimizer=None
+    )
+    opt_a = torch.optim.AdamW(model_a.parameters(), lr=1e-3)
+    opt_b = torch.optim.AdamW(model_b.parameters(), lr=1e-3)
+    for step in range(3):
+        for model, module, opt in ((model_a, model_a, opt_a), (model_b, optimized, opt_b)):
+            torch.manual_seed(step)
+            opt.zero_grad()
+            module(*args, **kwargs).backward()
+            opt.step()
+    for (key, a), b in zip(model_a.state_dict().items(), model_b.state_dict().values()):
+        assert torch.equal(a, b), key
+
+
+def test_original_model_is_not_modified() -> None:
+    model, args, kwargs = MODELS["gpt"]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    modules_before = [type(m) for m in model.modules()]
+    forward_before = type(model).forward
+    chkpt_opt.optimize(model, args, budget=smallest_budget(model, args, kwargs), optimizer=None)
+    assert [type(m) for m in model.modules()] == modules_before
+    assert type(model).forward is forward_before
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_budget_below_minimum_states_the_minimum_in_both_units() -> None:
+    model, args, kwargs = MODELS["resnet"]()
+    minimum = smallest_budget(model, args, kwargs)
+    with pytest.raises(chkpt_opt.InfeasibleBudgetError) as info:
+        chkpt_opt.plan(model, args, budget=minimum - 1024, optimizer=None)
+    message = str(info.value)
+    assert "GB" in message and "GiB" in message
+    assert str(minimum) in message
+    assert info.value.min_feasible_bytes == minimum
+    # ... and that minimum is really met.
+    plan = chkpt_opt.plan(model, args, budget=minimum, optimizer=None)
+    assert plan.predicted_peak_bytes <= minimum
+
+
+def test_budget_counts_optimizer_state() -> None:
+    model, args, kwargs = MODELS["gpt"]()
+    none = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    adamw = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw")
+    instance = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=torch.optim.AdamW(model.parameters())
+    )
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters())
+    n_tensors = len(list(model.parameters()))
+    assert none.static.optimizer_state_bytes == 0
+    assert adamw.static.optimizer_state_bytes == 2 * trainable + 4 * n_tensors
+    assert instance.static.optimizer_state_bytes == adamw.static.optimizer_state_bytes
+    assert (
+        adamw.activation_budget_bytes
+        == none.activation_budget_bytes - adamw.static.optimizer_state_bytes
+    )
+
+
+def test_summary_prints_budget_in_gb_and_gib() -> None:
+    model, args, kwargs = MODELS["resnet"]()
+    plan = chkpt_opt.plan(model, args, budget="1GiB")
+    text = plan.summary()
+    assert "1.07 GB (1.00 GiB)" in text
+    assert "predicted peak" in text
+
+
+def test_meta_device_7b_llama_plans_without_allocating_weights() -> None:
+    transformers = pytest.importorskip("transformers")
+    import resource
+
+    config = transformers.LlamaConfig(use_cache=False)  # the 7B configuration
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).train()
+    ids = torch.randint(0, config.vocab_size, (1, 2048), device="meta")
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    plan = chkpt_opt.plan(
+        model, (), example_kwargs={"input_ids": ids, "labels": ids}, budget="80GB"
+    )
+    rss_growth_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+    assert plan.static.param_bytes > 13 * 10**9  # 6.7e9 bf16 parameters
+    assert rss_growth_kib < 4 * 2**20  # far below the 13 GB the weights would take
+    assert plan.predicted_peak_bytes <= 80 * 10**9
+    assert plan.graph.number_of_nodes() > 1000
