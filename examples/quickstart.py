@@ -18,7 +18,9 @@ from chkpt_opt import zoo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", default="200MB", help='whole-step budget, e.g. "200MB", "0.2GiB"')
+    parser.add_argument(
+        "--budget", default="200MB", help='whole-step budget, e.g. "200MB", "0.2GiB"'
+    )
     parser.add_argument("--optimizer", default="adamw", help="adamw, sgd, ... or none")
     args = parser.parse_args()
     torch.set_num_threads(2)

@@ -1,0 +1,79 @@
+"""Registry and heuristic solvers: honest statuses, valid schedules, determinism."""
+
+from __future__ import annotations
+
+import pytest
+
+import chkpt_opt
+from chkpt_opt.errors import SolverError
+from chkpt_opt.graphs.synthetic import chain_graph, random_dag
+from chkpt_opt.schedule import Schedule, check_schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
+
+HEURISTICS = ["keep_all", "sqrt", "greedy", "auto"]
+
+
+def test_registry_lists_and_finds_solvers() -> None:
+    names = available_solvers()
+    for name in HEURISTICS:
+        assert names.get(name)
+    assert get_solver("greedy", n_thresholds=8).n_thresholds == 8
+    with pytest.raises(SolverError, match="available solvers: .*greedy"):
+        get_solver("no_such_solver")
+    with pytest.raises(SolverError, match="does not take settings"):
+        get_solver("greedy", bogus=1)
+
+
+@pytest.mark.parametrize("name", HEURISTICS)
+@pytest.mark.parametrize("seed", range(6))
+def test_statuses_are_honest_and_schedules_valid(name: str, seed: int) -> None:
+    g = random_dag(30, seed=seed)
+    keep = simulate(g, Schedule()).peak_bytes
+    for budget in (keep, int(keep * 0.8), int(keep * 0.6), int(keep * 0.3), 0):
+        result = get_solver(name)(g, budget)
+        check_schedule(g, result.schedule)
+        profile = simulate(g, result.schedule)
+        assert result.peak_bytes == profile.peak_bytes
+        assert result.objective == pytest.approx(profile.recompute_s)
+        if result.feasible:
+            assert profile.peak_bytes <= budget
+        else:
+            assert result.status == SolveStatus.INFEASIBLE
+            assert profile.peak_bytes > budget
+        if result.status == SolveStatus.OPTIMAL:
+            assert result.bound is not None and result.objective <= result.bound + 1e-12
+
+
+def test_keep_all_is_optimal_when_it_fits() -> None:
+    g = chain_graph(10)
+    keep = simulate(g, Schedule()).peak_bytes
+    result = get_solver("keep_all")(g, keep)
+    assert result.status == SolveStatus.OPTIMAL and result.gap == 0.0
+    assert get_solver("keep_all")(g, keep - 1).status == SolveStatus.INFEASIBLE
+
+
+def test_greedy_and_auto_reach_below_keep_all_on_a_chain() -> None:
+    g = chain_graph(40, activation_bytes=1 << 20)
+    keep = simulate(g, Schedule()).peak_bytes
+    for name in ("greedy", "auto"):
+        result = get_solver(name)(g, keep // 2)
+        assert result.feasible, name
+        assert result.objective > 0
+
+
+def test_same_input_same_schedule() -> None:
+    g = random_dag(50, seed=3)
+    budget = int(simulate(g, Schedule()).peak_bytes * 0.6)
+    for name in HEURISTICS:
+        assert get_solver(name)(g, budget).schedule == get_solver(name)(g, budget).schedule
+
+
+def test_solve_subtracts_resident_memory() -> None:
+    g = chain_graph(20, activation_bytes=1000)
+    g.graph.update(param_bytes=500, trainable_param_bytes=500)
+    keep = simulate(g, Schedule()).peak_bytes
+    # The step budget must cover parameters (500) + AdamW state (1000) + the peak.
+    assert chkpt_opt.solve(g, keep + 1500, optimizer="adamw").status == SolveStatus.OPTIMAL
+    assert chkpt_opt.solve(g, keep + 1499, optimizer="adamw").status != SolveStatus.OPTIMAL
+    assert chkpt_opt.solve(g, keep + 500, optimizer=None).status == SolveStatus.OPTIMAL
