@@ -21,7 +21,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from chkpt_opt.errors import BudgetError
+from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
 
 _UNITS: dict[str, int] = {
     "B": 1,
@@ -175,25 +175,30 @@ def split_budget(budget: Budget, static: StaticMemory) -> int:
     the backward pass creates them).
 
     Raises:
-        BudgetError: when the resident memory alone, or the optimizer phase, exceeds the budget.
+        InfeasibleBudgetError: when the resident memory alone, or the optimizer phase, exceeds
+            the budget (no schedule can help).
     """
     resident = static.resident_bytes
     dynamic = budget.total_bytes - resident
     if dynamic <= 0:
-        raise BudgetError(
+        raise InfeasibleBudgetError(
             f"budget {budget.text!r} = {format_bytes(budget.total_bytes)} is below the memory "
             f"that lives through the whole step, {format_bytes(resident)} (parameters "
             f"{format_bytes(static.param_bytes)}, optimizer state "
             f"{format_bytes(static.optimizer_state_bytes)}, buffers and inputs "
             f"{format_bytes(static.buffer_bytes + static.input_bytes)}); no schedule can help. "
-            "Raise the budget, use a lighter optimizer, or shard the parameters."
+            "Raise the budget, use a lighter optimizer, or shard the parameters.",
+            budget_bytes=budget.total_bytes,
+            min_feasible_bytes=None,
         )
     if static.optimizer_phase_bytes > dynamic:
-        raise BudgetError(
+        raise InfeasibleBudgetError(
             f"budget {budget.text!r} = {format_bytes(budget.total_bytes)} cannot hold the "
             f"optimizer step: resident {format_bytes(resident)} plus gradients and optimizer "
             f"temporaries {format_bytes(static.optimizer_phase_bytes)}. Checkpointing does not "
-            "change that phase; raise the budget or choose a lighter optimizer."
+            "change that phase; raise the budget or choose a lighter optimizer.",
+            budget_bytes=budget.total_bytes,
+            min_feasible_bytes=None,
         )
     return dynamic
 

@@ -156,3 +156,21 @@ def load_graph(path: str | Path) -> CostGraph:
     return graph_from_dict(
         read_json(path, what="cost graph file"), source=f"cost graph file {str(path)!r}"
     )
+
+
+def graph_fingerprint(graph: CostGraph) -> str:
+    """A short hash of what a schedule depends on: op names, order, edges and output sizes.
+
+    Two traces of the same model with the same input shapes have the same fingerprint; a
+    different model, or other shapes, almost surely not.
+    """
+    import hashlib
+
+    order = ordered_nodes(graph)
+    digest = hashlib.sha256()
+    for name in order:
+        attrs = graph.nodes[name]
+        digest.update(f"{name}|{attrs['op']}|{sorted(attrs['outputs'].items())}\n".encode())
+    for u, v in sorted(graph.edges):
+        digest.update(f"{u}->{v}\n".encode())
+    return digest.hexdigest()[:16]

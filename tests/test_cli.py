@@ -1,0 +1,136 @@
+"""The chkpt-opt command line: subcommands, JSON output, files, and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chkpt_opt.cli import EXIT_INFEASIBLE, EXIT_INPUT, EXIT_OK, EXIT_TRACE, main
+
+SPEC = f"{Path(__file__).parent / 'cli_models.py'}:small_mlp"
+BUDGET = "2MB"  # below the keep-all step peak of small_mlp (about 3.4 MB), above its minimum
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture()
+def graph_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    path = tmp_path / "mlp.json"
+    code, out, _ = run(capsys, "trace", SPEC, "-o", str(path), "--json")
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert data["nodes"] > 10 and data["keep_all_peak_bytes"] > 0
+    return path
+
+
+def test_trace_solve_simulate_show_round_trip(
+    graph_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schedule = tmp_path / "mlp.schedule.json"
+    code, out, _ = run(
+        capsys,
+        "solve",
+        str(graph_file),
+        "--budget",
+        BUDGET,
+        "--optimizer",
+        "none",
+        "-o",
+        str(schedule),
+        "--json",
+    )
+    assert code == EXIT_OK, out
+    solved = json.loads(out)
+    assert solved["status"] in ("optimal", "feasible")
+    assert solved["predicted_peak_bytes"] <= 2_000_000
+    assert solved["regions"] > 0
+    code, out, _ = run(capsys, "simulate", str(graph_file), str(schedule), "--json", "--timeline")
+    assert code == EXIT_OK
+    simulated = json.loads(out)
+    assert simulated["peak_bytes"] == solved["peak_bytes"]
+    assert max(p["during_bytes"] for p in simulated["timeline"]) == simulated["peak_bytes"]
+    code, out, _ = run(capsys, "show", str(schedule))
+    assert code == EXIT_OK and "regions" in out
+    code, out, _ = run(capsys, "show", str(graph_file), "--json")
+    assert json.loads(out)["kind"] == "graph"
+
+
+def test_budget_that_cannot_be_met_exits_3(
+    graph_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "solve", str(graph_file), "--budget", "400kB", "--optimizer", "none")
+    assert code == EXIT_INFEASIBLE
+    assert "GB" in err and "GiB" in err
+
+
+@pytest.mark.parametrize("budget", ["20gb", "20Gb", "20", "lots"])
+def test_bad_budget_exits_2_with_accepted_forms(
+    graph_file: Path, capsys: pytest.CaptureFixture[str], budget: str
+) -> None:
+    code, _, err = run(capsys, "solve", str(graph_file), "--budget", budget)
+    assert code == EXIT_INPUT
+    assert "GiB" in err
+
+
+def test_malformed_and_mismatched_files_exit_2(
+    graph_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(graph_file.read_text()[:200])
+    code, _, err = run(capsys, "show", str(truncated))
+    assert code == EXIT_INPUT and "truncated" in err
+    # A schedule made for another model is refused by simulate.
+    other = tmp_path / "other.json"
+    assert run(capsys, "trace", "chkpt_opt.zoo:resnet", "-o", str(other))[0] == EXIT_OK
+    schedule = tmp_path / "resnet.schedule.json"
+    assert run(capsys, "solve", str(other), "--budget", "1GB", "-o", str(schedule))[0] == EXIT_OK
+    code, _, err = run(capsys, "simulate", str(graph_file), str(schedule))
+    assert code == EXIT_INPUT and "fingerprint" in err
+
+
+def test_untraceable_or_missing_model_exits_4(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert run(capsys, "trace", "no.such.module:f", "-o", str(tmp_path / "x.json"))[0] == EXIT_TRACE
+    assert run(capsys, "trace", "chkpt_opt.zoo", "-o", str(tmp_path / "x.json"))[0] == EXIT_TRACE
+    model_file = tmp_path / "branchy.py"
+    model_file.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x * 2 if x.sum() > 0 else x - 1\n"
+        "def build():\n"
+        "    return M(), (torch.randn(4),)\n"
+    )
+    code, _, err = run(capsys, "trace", f"{model_file}:build", "-o", str(tmp_path / "x.json"))
+    assert code == EXIT_TRACE
+    assert "cannot be traced" in err
+
+
+def test_optimize_validates_within_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "optimize", SPEC, "--budget", BUDGET, "--optimizer", "none", "--validate", "--json"
+    )
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert data["within_budget"] and data["grads_bitwise_equal"]
+    assert abs(data["prediction_error"]) <= 0.03
+
+
+def test_console_script_help_lists_examples() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "chkpt_opt.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0
+    assert "examples:" in result.stdout and "exit codes" in result.stdout
