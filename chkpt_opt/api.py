@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from chkpt_opt.budget import (
     optimizer_spec,
     parse_budget,
     split_budget,
+    static_memory,
 )
 from chkpt_opt.codegen import apply_schedule
 from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
@@ -69,9 +71,31 @@ def _spec_of(optimizer: OptimizerArg) -> tuple[OptimizerSpec | None, bool | None
 
 
 def static_memory_for(graph: CostGraph, optimizer: OptimizerArg = "adamw") -> StaticMemory:
-    """The resident memory of a training step of ``graph`` with ``optimizer``."""
+    """The resident memory of a training step of ``graph`` with ``optimizer``.
+
+    A named optimizer is assumed to train every trainable parameter; an optimizer instance
+    is sized by the parameters of its own parameter groups.
+    """
     spec, foreach = _spec_of(optimizer)
-    return graph_static_memory(graph.graph, spec, foreach=foreach)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return graph_static_memory(graph.graph, spec, foreach=foreach)
+    params = {
+        id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad
+    }.values()  # frozen parameters get no gradient, hence no state
+    sizes = [p.numel() * p.element_size() for p in params]
+    g = graph.graph
+    device = str(g.get("device_type", "cpu"))
+    static = static_memory(
+        param_bytes=g["param_bytes"],
+        trainable_param_bytes=sum(sizes),
+        buffer_bytes=g["buffer_bytes"],
+        input_bytes=g["input_bytes"],
+        n_trainable_tensors=len(sizes),
+        largest_param_bytes=max(sizes, default=0) or None,
+        optimizer=spec,
+        foreach=device in ("cuda", "meta") if foreach is None else foreach,
+    )
+    return dataclasses.replace(static, grad_bytes=g["trainable_param_bytes"])
 
 
 def _device_total_bytes(graph: CostGraph) -> int | None:

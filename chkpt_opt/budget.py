@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
 
@@ -36,13 +37,15 @@ _UNITS: dict[str, int] = {
     "TiB": 2**40,
 }
 
+_CASELESS_UNITS = {u.lower(): u for u in _UNITS if u != "KB"}
+
 _ACCEPTED_FORMS = (
     'an int of bytes (e.g. 2_000_000_000), or a string with a byte unit: "20GB" (10^9 bytes), '
     '"20GiB" (2^30 bytes), also B, kB, KiB, MB, MiB, TB, TiB; or "80%" of the CUDA device memory'
 )
 
-_BUDGET_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[A-Za-z]*)\s*$")
-_PERCENT_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
+_BUDGET_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[A-Za-z]*)\s*$", re.ASCII)
+_PERCENT_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*%\s*$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = 
     if not match:
         raise BudgetError(f"budget {value!r} cannot be read; give {_ACCEPTED_FORMS}.")
     unit = match.group("unit")
+    number = Fraction(match.group("num"))  # exact: "2.01kB" is 2010 bytes, not 2009
     if not unit:
         raise BudgetError(
             f'budget {value!r} has no unit; say which one, e.g. "{value.strip()}GB" or '
@@ -118,15 +122,18 @@ def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = 
         )
     if unit not in _UNITS:
         hint = ""
-        if unit.endswith("b"):
-            hint = f" A lowercase 'b' means bits; for bytes write {unit[:-1].upper() or ''}B."
+        proper = _CASELESS_UNITS.get(unit.lower())
+        if unit.endswith("b") and proper:
+            hint = f" A lowercase 'b' means bits; for bytes write {proper}."
+        elif proper:
+            hint = f" Did you mean {proper}?"
         raise BudgetError(
             f"budget {value!r} has unknown unit {unit!r}.{hint} Give {_ACCEPTED_FORMS}."
         )
-    total = float(match.group("num")) * _UNITS[unit]
-    if not math.isfinite(total) or total < 1:
+    total = math.floor(number * _UNITS[unit])
+    if total < 1:
         raise BudgetError(f"budget {value!r} must be at least one byte.")
-    return Budget(total_bytes=int(total), text=value)
+    return Budget(total_bytes=total, text=value)
 
 
 @dataclass(frozen=True)

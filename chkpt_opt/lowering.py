@@ -24,14 +24,21 @@ The rules follow what PyTorch does (they are checked against measured runs in th
 * when another reader's backward produces a gradient for a tensor that already has one,
   autograd adds the two once that backward has released its inputs; the sum is modelled
   out of place (old, new and sum alive together), which is what the engine does when
-  neither buffer can be reused and an upper bound otherwise.
+  neither buffer can be reused and an upper bound otherwise. An op that reads a tensor
+  several times (``x * x``) returns one gradient per read; fresh ones are summed in place.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
+from chkpt_opt.graphs.costgraph import (
+    CostGraph,
+    edge_uses,
+    ordered_nodes,
+    storage_owners,
+    storage_refs,
+)
 from chkpt_opt.schedule import Schedule
 
 
@@ -94,7 +101,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     rec_pos: dict[str, int] = {}
     bwd_pos: dict[str, int] = {}
     acc_pos: dict[str, int] = {}
-    accumulates: dict[str, list[str]] = {}  # op -> inputs whose gradient it adds to
+    accumulates: dict[str, list[tuple[str, bool]]] = {}  # op -> (input, summed in place)
     has_grad = {o for o in graph.graph["outputs"] if nodes[o]["has_backward"]}
     replayed_regions: set[int] = set()
     for n in reversed(order):
@@ -109,11 +116,24 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         bwd_pos[n] = len(kinds)
         kinds.append(("bwd", n))
         targets = [u for u in preds[n] if nodes[u]["requires_grad"]]
-        if not nodes[n]["bwd_grad_alias"]:
-            accumulates[n] = [u for u in targets if u in has_grad]
-            if accumulates[n]:
-                acc_pos[n] = len(kinds)
-                kinds.append(("accumulate", n))
+        # One incoming gradient per use; all but the first of a tensor without a gradient
+        # yet are sums (a view's backward passes its gradient on instead, once).
+        accumulates[n] = []
+        for u in targets:
+            uses = edge_uses(graph, u, n)
+            alias = nodes[n]["bwd_grad_alias"]
+            if alias and uses == 1:
+                continue
+            # A sum with an older gradient, or of views, is modelled out of place (it costs
+            # one more gradient while it runs); fresh gradients of the same backward call
+            # are summed in place into one of them.
+            in_place = not alias
+            if u in has_grad:
+                accumulates[n].append((u, False))
+            accumulates[n] += [(u, in_place)] * (uses - 1)
+        if accumulates[n]:
+            acc_pos[n] = len(kinds)
+            kinds.append(("accumulate", n))
         has_grad.update(targets)
     end = len(kinds)  # "held to the end of the step"
 
@@ -194,13 +214,15 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
             transient[position] = nodes[n]["fwd_workspace_bytes"]
             continue
         if kind == "accumulate":
-            transient[position] = sum(nodes[u]["grad_bytes"] for u in accumulates[n])
+            transient[position] = sum(
+                nodes[u]["grad_bytes"] for u, in_place in accumulates[n] if not in_place
+            )
             continue
         if kind != "bwd":
             continue
         attrs = nodes[n]
-        for u in accumulates.get(n, ()):
-            inst = f"g:{u}@{n}"  # the incoming gradient, summed into the existing one
+        for j, (u, _) in enumerate(accumulates.get(n, ())):
+            inst = f"g:{u}@{n}#{j}"  # an incoming gradient, summed into the existing one
             alloc_at[inst] = (position, nodes[u]["grad_bytes"])
             hold(inst, acc_pos[n])
         for u in preds[n]:

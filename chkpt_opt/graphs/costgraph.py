@@ -43,6 +43,9 @@ Node attributes (units in the names):
                        and inside no-grad spans)
 =====================  ======================================================================
 
+Edge attribute: ``uses``, how many arguments of ``v`` read ``u``'s value (``x * x`` reads
+``x`` twice, and autograd then sums two gradients for ``x``); 1 when absent.
+
 Graph attributes: ``format_version``, ``name``, ``param_bytes``, ``trainable_param_bytes``,
 ``buffer_bytes``, ``input_bytes``, ``largest_param_bytes``, ``n_trainable_tensors`` (for
 optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``, ``meta``),
@@ -247,6 +250,11 @@ def storage_owners(graph: CostGraph) -> dict[str, str]:
     return owners
 
 
+def edge_uses(graph: CostGraph, u: str, v: str) -> int:
+    """How many arguments of ``v`` read the value of ``u`` (1 unless given)."""
+    return int(graph.edges[u, v].get("uses", 1))
+
+
 def total_compute_s(graph: CostGraph) -> float:
     """Estimated time of one forward and backward pass without recomputation."""
     return sum(
@@ -328,9 +336,12 @@ def check_graph(graph: CostGraph) -> None:
         indices.append(attrs["index"])
     if sorted(indices) != list(range(graph.number_of_nodes())):
         raise _fail("node indices must be 0..n-1, each used once.")
-    for u, v in graph.edges:
+    for u, v, attrs in graph.edges(data=True):
         if graph.nodes[u]["index"] >= graph.nodes[v]["index"]:
             raise _fail(f"edge {u!r} -> {v!r} goes against the execution order.")
+        uses = attrs.get("uses", 1)
+        if isinstance(uses, bool) or not isinstance(uses, int) or not 1 <= uses <= 1 << 20:
+            raise _fail(f"edge {u!r} -> {v!r} attribute 'uses' must be an int >= 1, got {uses!r}.")
 
     defined: set[str] = set()
     for node in ordered_nodes(graph):

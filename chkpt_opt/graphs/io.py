@@ -44,13 +44,16 @@ def graph_to_dict(graph: CostGraph) -> dict[str, Any]:
             entry[key] = dict(value) if isinstance(value, dict) else value
         nodes.append(entry)
     position = {name: i for i, name in enumerate(order)}
-    edges = sorted(graph.edges, key=lambda e: (position[e[0]], position[e[1]]))
+    edges = sorted(
+        graph.edges(data="uses", default=1), key=lambda e: (position[e[0]], position[e[1]])
+    )
     return {
         "format": GRAPH_FORMAT,
         "format_version": FORMAT_VERSION,
         "graph": dict(graph.graph),
         "nodes": nodes,
-        "edges": [list(edge) for edge in edges],
+        # [u, v] when v reads u once, [u, v, uses] otherwise
+        "edges": [[u, v] if uses == 1 else [u, v, uses] for u, v, uses in edges],
     }
 
 
@@ -93,11 +96,18 @@ def graph_from_dict(data: Any, *, source: str = "cost graph") -> CostGraph:
     for edge in data["edges"]:
         if (
             not isinstance(edge, list)
-            or len(edge) != 2
-            or not all(isinstance(x, str) and x in graph for x in edge)
+            or len(edge) not in (2, 3)
+            or not all(isinstance(x, str) and x in graph for x in edge[:2])
         ):
-            raise GraphFormatError(f"{source}: edge {edge!r:.80} must join two known node names.")
-        graph.add_edge(*edge)
+            raise GraphFormatError(
+                f"{source}: edge {edge!r:.80} must be [u, v] or [u, v, uses] with known node names."
+            )
+        if edge[0] == edge[1] or graph.has_edge(edge[0], edge[1]):
+            raise GraphFormatError(f"{source}: edge {edge!r:.80} is a self-loop or a duplicate.")
+        if len(edge) == 3:
+            graph.add_edge(edge[0], edge[1], uses=edge[2])
+        else:
+            graph.add_edge(edge[0], edge[1])
     try:
         check_graph(graph)
     except GraphFormatError as err:
@@ -129,6 +139,8 @@ def read_json(path: str | Path, *, what: str) -> Any:
         ) from None
     except RecursionError:
         raise GraphFormatError(f"{what} {str(path)!r} is nested too deeply.") from None
+    except ValueError as err:  # e.g. integers beyond Python's digit limit
+        raise GraphFormatError(f"{what} {str(path)!r} holds an unreadable value: {err}.") from None
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph
 from chkpt_opt.graphs.tracer.build import ProgressFn, build_cost_graph
 from chkpt_opt.graphs.tracer.capture import Captured, capture, normalize_inputs
@@ -49,6 +50,11 @@ def trace_model(
     and is not modified. Parameters may live on any device, the meta device included: the
     tracer only ever runs ops on fake tensors.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TraceError(
+            f"model must be a torch.nn.Module, got {type(model).__name__}; wrap the function "
+            "in a Module whose forward calls it."
+        )
     args, kwargs = normalize_inputs(example_inputs, example_kwargs)
     if not model.training:
         log.warning(

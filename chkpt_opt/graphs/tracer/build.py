@@ -227,7 +227,7 @@ class _Builder:
         graph = new_graph(
             self.name,
             tracer=self.captured.method,
-            torch_version=torch.__version__,
+            torch_version=str(torch.__version__),
             cost_model=model.name,
         )
         self._graph_sizes(graph)
@@ -358,11 +358,11 @@ class _Builder:
                     bwd_time_s=model.op_overhead_s,
                 ),
             )
-            self._add_edges(graph, name, preds)
+            self._add_edges(graph, name, preds, node)
             return
 
         infos_src = self._input_leaves(node, leaves)
-        mutated = set(mutated_arg_positions(node))
+        mutated = set(mutated_arg_positions(node, self.gm))
         tensor_arg_index = self._tensor_arg_positions(node)
         infos = [
             LeafInfo(
@@ -488,7 +488,7 @@ class _Builder:
                 is_stateful=stateful,
             ),
         )
-        self._add_edges(graph, name, preds)
+        self._add_edges(graph, name, preds, node)
 
     def _storage_bytes(self, graph: CostGraph, ref: str, own: dict[str, int] | None = None) -> int:
         if own and ref in own:
@@ -502,9 +502,12 @@ class _Builder:
         raise TraceError(f"internal error: storage {ref!r} has no owner in the graph")
 
     @staticmethod
-    def _add_edges(graph: CostGraph, name: str, preds: list[str]) -> None:
+    def _add_edges(graph: CostGraph, name: str, preds: list[str], node: torch.fx.Node) -> None:
+        # `uses`: how many arguments read the value; autograd sums one gradient per use.
+        flat = tree_flatten((node.args, node.kwargs))[0]
         for pred in dict.fromkeys(preds):
-            graph.add_edge(pred, name)
+            uses = sum(1 for x in flat if isinstance(x, torch.fx.Node) and x.name == pred)
+            graph.add_edge(pred, name, uses=max(1, uses))
 
     def _tensor_arg_positions(self, node: torch.fx.Node) -> list[int]:
         """For each tensor leaf of the arguments, the positional index of its argument."""

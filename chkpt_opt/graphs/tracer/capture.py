@@ -8,6 +8,7 @@ codegen gets a graph of its own to rewrite.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,9 +85,12 @@ def normalize_inputs(
             f"them, and plain Python constants).{hint}"
         )
     if not has_tensor:
+        where = ", ".join(
+            f"{_describe_path(path)} is a {type(leaf).__name__}" for path, leaf in leaves[:4]
+        )
         raise TraceError(
-            "the example inputs contain no tensor; pass at least one torch.Tensor so the "
-            "model's activations can be sized."
+            f"the example inputs contain no tensor ({where or 'they are empty'}); pass at least "
+            "one torch.Tensor so the model's activations can be sized."
         )
     return args, kwargs
 
@@ -126,7 +130,12 @@ def capture(
     errors: list[str] = []
     if method in ("auto", "export"):
         try:
-            return _capture_export(model, args, kwargs)
+            try:
+                return _capture_export(model, args, kwargs)
+            except Exception as err:
+                if not _register_dataclass_outputs(model, args, kwargs, err):
+                    raise
+                return _capture_export(model, args, kwargs)
         except TraceError:
             raise
         except Exception as err:  # torch.export raises many exception types
@@ -157,6 +166,47 @@ def _capture_export(
             f"flatten to {len(flat)}; pass inputs as tensors or plain containers of tensors."
         )
     return Captured(module=module, flat_inputs=flat, method="export", fresh_module=exported.module)
+
+
+def _register_dataclass_outputs(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], err: Exception
+) -> bool:
+    """Registers the dataclasses a model returns as pytree nodes, if export failed on them.
+
+    Runs the model once on fake tensors to see its outputs. Returns True if it registered a
+    class (so that exporting again may succeed).
+    """
+    text = str(err).lower()
+    if "pytree" not in text and "not a known type" not in text:
+        return False
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake_args, fake_kwargs = pytree.tree_map_only(
+                torch.Tensor, mode.from_tensor, (args, kwargs)
+            )
+            with torch.no_grad():
+                out = model(*fake_args, **fake_kwargs)
+    except Exception:
+        return False
+    registered = False
+    stack = [out]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if kind not in pytree.SUPPORTED_NODES:
+                torch.export.register_dataclass(
+                    kind, serialized_type_name=f"chkpt_opt.{kind.__qualname__}"
+                )
+                registered = True
+            stack.extend(getattr(value, f.name) for f in dataclasses.fields(value))
+        elif isinstance(value, (tuple, list)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return registered
 
 
 def _check_outputs(exported: Any) -> None:

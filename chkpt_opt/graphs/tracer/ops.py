@@ -12,7 +12,35 @@ from typing import Any
 import torch
 import torch.fx
 
-_RANDOM_NAME_PARTS = ("dropout", "rand", "bernoulli", "normal", "multinomial", "poisson")
+# Names (last component, trailing underscore stripped) of random functions and methods
+# outside ATen; ATen ops say so themselves with the nondeterministic_seeded tag.
+_RANDOM_NAMES = frozenset(
+    {
+        "dropout",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "alpha_dropout",
+        "feature_alpha_dropout",
+        "rand",
+        "randn",
+        "randint",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randperm",
+        "bernoulli",
+        "normal",
+        "multinomial",
+        "poisson",
+        "uniform",
+        "exponential",
+        "geometric",
+        "cauchy",
+        "log_normal",
+        "random",
+    }
+)
 
 # Batch-norm style ops: (indices of running_mean and running_var, of `training`, of `momentum`).
 _BATCH_NORM_OPS: dict[str, tuple[tuple[int, int], int, int]] = {
@@ -60,13 +88,23 @@ def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
         module = root.get_submodule(str(target))
         if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training:
             return module.p > 0
-    name = op_name(node, root).lower()
-    return any(part in name for part in _RANDOM_NAME_PARTS)
+    if node.op == "call_module":
+        return False
+    last = op_name(node, root).rsplit(".", 1)[-1].split(":")[-1].rstrip("_")
+    return last in _RANDOM_NAMES
 
 
-def mutated_arg_positions(node: torch.fx.Node) -> list[int]:
-    """Positional indices of the arguments that the op writes in place (ATen schema)."""
+def mutated_arg_positions(node: torch.fx.Node, root: torch.nn.Module | None = None) -> list[int]:
+    """Positional indices of the arguments that the op writes in place.
+
+    From the ATen schema; for fx call_module nodes, modules built with ``inplace=True``
+    (``nn.ReLU(inplace=True)``...) write their input; for call_method nodes, methods whose
+    name ends with ``_`` write ``self``.
+    """
     target = node.target
+    if node.op == "call_module":
+        module = root.get_submodule(str(target)) if root is not None else None
+        return [0] if getattr(module, "inplace", False) is True else []
     if not isinstance(target, torch._ops.OpOverload):
         if (
             node.op == "call_method"
