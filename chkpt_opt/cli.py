@@ -40,6 +40,7 @@ EXAMPLES = """examples:
   chkpt-opt simulate gpt.json gpt.schedule.json --timeline
   chkpt-opt optimize chkpt_opt.zoo:resnet --budget 0.1GiB --validate
   chkpt-opt show gpt.json
+  chkpt-opt corpus -o graphs
   chkpt-opt solvers
 
 A model is given as package.module:function (or path/to/file.py:function); the function
@@ -375,6 +376,21 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_corpus(args: argparse.Namespace) -> int:
+    from chkpt_opt.corpus import generate_corpus
+
+    def progress(done: int, total: int, name: str) -> None:
+        if not args.json and name:
+            print(f"[{done + 1}/{total}] tracing {name}", file=sys.stderr, flush=True)
+
+    try:
+        written = generate_corpus(args.output, names=args.only or None, progress=progress)
+    except ValueError as err:
+        raise GraphFormatError(str(err)) from None
+    _emit(args, {"written": [str(p) for p in written]}, [f"wrote {p}" for p in written])
+    return EXIT_OK
+
+
 def cmd_solvers(args: argparse.Namespace) -> int:
     from chkpt_opt.solvers import available_solvers
 
@@ -445,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("show", cmd_show, "describe a cost graph or schedule file")
     p.add_argument("file", type=Path)
     p.add_argument("--top", type=int, default=10, help="ops to list")
+
+    p = add("corpus", cmd_corpus, "regenerate the benchmark corpus of cost graphs")
+    p.add_argument(
+        "-o", "--output", type=Path, default=Path("graphs"), help="directory (default graphs/)"
+    )
+    p.add_argument("--only", nargs="*", help="corpus entries to regenerate (default all)")
 
     add("solvers", cmd_solvers, "list the registered solvers")
     return parser
