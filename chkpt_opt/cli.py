@@ -41,6 +41,8 @@ EXAMPLES = """examples:
   chkpt-opt optimize chkpt_opt.zoo:resnet --budget 0.1GiB --validate
   chkpt-opt show gpt.json
   chkpt-opt corpus -o graphs
+  chkpt-opt bench graphs/*.json --solvers greedy sqrt auto --budgets 0.9 0.7 0.5 0.3 -o results/bench
+  chkpt-opt max-batch chkpt_opt.zoo:gpt --budget 1GB
   chkpt-opt solvers
 
 A model is given as package.module:function (or path/to/file.py:function); the function
@@ -68,18 +70,8 @@ class _Progress:
         sys.stderr.flush()
 
 
-def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """Imports ``package.module:function`` (or ``file.py:function``) and calls it.
-
-    Raises:
-        TraceError: when the spec is malformed, cannot be imported, or returns something else.
-    """
-    if ":" not in spec:
-        raise TraceError(
-            f"model spec {spec!r} must be package.module:function or path/to/file.py:function, "
-            "e.g. chkpt_opt.zoo:gpt."
-        )
-    module_name, _, func_name = spec.rpartition(":")
+def _builder(module_name: str, func_name: str) -> Callable[..., Any]:
+    spec = f"{module_name}:{func_name}"
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)
@@ -99,7 +91,10 @@ def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     builder = getattr(module, func_name, None)
     if not callable(builder):
         raise TraceError(f"{module_name!r} has no function {func_name!r} (model spec {spec!r}).")
-    built = builder()
+    return builder
+
+
+def _normalize_built(spec: str, built: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     if not isinstance(built, tuple) or len(built) not in (2, 3):
         raise TraceError(
             f"{spec} returned {type(built).__name__}; it must return (model, example_args) or "
@@ -108,6 +103,21 @@ def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     model, args = built[0], built[1]
     kwargs = built[2] if len(built) == 3 else {}
     return model, tuple(args) if isinstance(args, (tuple, list)) else (args,), dict(kwargs or {})
+
+
+def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """Imports ``package.module:function`` (or ``file.py:function``) and calls it.
+
+    Raises:
+        TraceError: when the spec is malformed, cannot be imported, or returns something else.
+    """
+    if ":" not in spec:
+        raise TraceError(
+            f"model spec {spec!r} must be package.module:function or path/to/file.py:function, "
+            "e.g. chkpt_opt.zoo:gpt."
+        )
+    module_name, _, func_name = spec.rpartition(":")
+    return _normalize_built(spec, _builder(module_name, func_name)())
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], lines: Sequence[str]) -> None:
@@ -317,6 +327,20 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             f"whole step measured {format_bytes(measured)} "
             f"({'within' if measured <= plan.budget.total_bytes else 'OVER'} the budget)",
         ]
+    if args.plot_timeline:
+        from chkpt_opt.bench.report import plot_timeline
+        from chkpt_opt.measure import measure_timeline, preserved_state
+
+        with preserved_state(model):
+            measured_series = measure_timeline(plan.apply(), ex_args, ex_kwargs)
+        plot_timeline(
+            [p.during_bytes for p in plan.profile.timeline],
+            measured_series,
+            args.plot_timeline,
+            title=f"{args.model} under {args.budget}",
+        )
+        data["timeline_plot"] = str(args.plot_timeline)
+        lines.append(f"timeline plot: {args.plot_timeline}")
     _emit(args, data, lines)
     return EXIT_OK
 
@@ -391,6 +415,99 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from chkpt_opt.bench.report import latex_table, plot_overhead_vs_budget, plot_solve_time
+    from chkpt_opt.bench.sweep import make_tasks, run_sweep
+    from chkpt_opt.solvers import get_solver
+
+    graphs = args.graphs or sorted(Path("graphs").glob("*.json"))
+    if not graphs:
+        raise GraphFormatError(
+            "no cost graphs given and none in graphs/; run `chkpt-opt corpus` first."
+        )
+    for name in args.solvers:
+        get_solver(name)  # unknown names fail before any work
+    for fraction in args.budgets:
+        if not 0 < fraction <= 1:
+            raise BudgetError(f"budget fraction {fraction} must be in (0, 1].")
+    tasks = make_tasks(graphs, args.solvers, args.budgets, time_limit_s=args.time_limit)
+    out = Path(args.output)
+    progress = _Progress("bench", not args.json)
+    rows = run_sweep(
+        tasks,
+        out / "results.csv",
+        workers=args.workers,
+        ray_address=args.ray_address,
+        progress=progress,
+    )
+    (out / "table.tex").write_text(latex_table(rows), encoding="utf-8")
+    figures = [
+        plot_overhead_vs_budget(rows, out / "overhead_vs_budget.png"),
+        plot_solve_time(rows, out / "solve_time.png"),
+    ]
+    invalid = [r for r in rows if r["status"] == "invalid"]
+    data = {
+        "rows": len(rows),
+        "tasks": len(tasks),
+        "csv": str(out / "results.csv"),
+        "table": str(out / "table.tex"),
+        "figures": [str(f) for f in figures],
+        "invalid": len(invalid),
+    }
+    _emit(
+        args,
+        data,
+        [
+            f"{len(rows)} of {len(tasks)} tasks in {out / 'results.csv'}",
+            f"table: {out / 'table.tex'}",
+            *[f"figure: {f}" for f in figures],
+        ]
+        + ([f"{len(invalid)} schedules exceed their budget in the simulator"] if invalid else []),
+    )
+    return EXIT_INTERNAL if invalid else EXIT_OK
+
+
+def cmd_max_batch(args: argparse.Namespace) -> int:
+    import functools
+
+    from chkpt_opt.bench.max_batch import max_batch_size
+
+    if ":" not in args.model:
+        load_model_spec(args.model)  # raises the usual error
+    module_name, _, func_name = args.model.rpartition(":")
+    builder = _builder(module_name, func_name)
+
+    def build(batch: int) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        return _normalize_built(args.model, functools.partial(builder, batch=batch)())
+
+    result = max_batch_size(
+        build,
+        args.budget,
+        solver=args.solver,
+        optimizer=_optimizer(args.optimizer),
+        max_batch=args.max_batch,
+        time_limit_s=args.time_limit,
+    )
+    data = {
+        "budget_bytes": result.budget_bytes,
+        "with_plan": result.with_plan,
+        "without_checkpointing": result.without_checkpointing,
+        "gain": result.gain,
+        "solver": result.solver,
+        "probes": result.probes,
+    }
+    gain = f" ({result.gain:.2f}x)" if result.gain else ""
+    _emit(
+        args,
+        data,
+        [
+            f"budget {format_bytes(result.budget_bytes)}: largest batch without checkpointing "
+            f"{result.without_checkpointing}, with the {result.solver} plan {result.with_plan}{gain}",
+        ],
+    )
+    return EXIT_OK if result.with_plan else EXIT_INFEASIBLE
+
+
 def cmd_solvers(args: argparse.Namespace) -> int:
     from chkpt_opt.solvers import available_solvers
 
@@ -456,11 +573,38 @@ def build_parser() -> argparse.ArgumentParser:
     budget_args(p)
     p.add_argument("--tracer", default="auto", choices=["auto", "export", "fx"])
     p.add_argument("--validate", action="store_true", help="run and measure the optimized step")
+    p.add_argument("--plot-timeline", type=Path, help="PNG: predicted vs measured memory timeline")
     p.add_argument("-o", "--output", type=Path, help="schedule JSON file to write")
 
     p = add("show", cmd_show, "describe a cost graph or schedule file")
     p.add_argument("file", type=Path)
     p.add_argument("--top", type=int, default=10, help="ops to list")
+
+    p = add(
+        "bench", cmd_bench, "sweep solvers x graphs x budgets into a CSV, a LaTeX table and plots"
+    )
+    p.add_argument("graphs", nargs="*", type=Path, help="cost graph files (default: graphs/*.json)")
+    p.add_argument("--solvers", nargs="+", default=["greedy", "sqrt", "auto"])
+    p.add_argument(
+        "--budgets",
+        nargs="+",
+        type=float,
+        default=[0.9, 0.7, 0.5, 0.3],
+        help="fractions of the store-everything peak",
+    )
+    p.add_argument("--time-limit", type=float, default=60.0, help="per-solve time limit, seconds")
+    p.add_argument("-o", "--output", type=Path, default=Path("results/bench"))
+    p.add_argument(
+        "--workers", type=int, default=None, help="local processes (default: one per CPU)"
+    )
+    p.add_argument("--ray-address", default=None, help="run on this Ray cluster instead")
+
+    p = add("max-batch", cmd_max_batch, "largest batch that fits a budget, with and without a plan")
+    p.add_argument(
+        "model", help="package.module:function taking batch= and returning (model, args[, kwargs])"
+    )
+    budget_args(p)
+    p.add_argument("--max-batch", type=int, default=4096)
 
     p = add("corpus", cmd_corpus, "regenerate the benchmark corpus of cost graphs")
     p.add_argument(

@@ -124,3 +124,24 @@ def preserved_state(module: torch.nn.Module) -> Iterator[None]:
         torch.random.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
+
+
+class _TimelineTracker(StorageTracker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeline: list[int] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.timeline.append(self.peak_bytes)
+        self.reset_peak()
+        return out
+
+
+def measure_timeline(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> list[int]:
+    """Peak live bytes during each ATen op of one step, in order (CPU, exact)."""
+    with _TimelineTracker() as tracker:
+        run_step(module, args, kwargs or {})
+    return tracker.timeline

@@ -1,0 +1,1 @@
+"""Benchmarks for researchers: solver sweeps over the corpus, reports, and batch-size search."""
