@@ -211,6 +211,7 @@ def plan(
     example_kwargs: dict[str, Any] | None = None,
     time_limit_s: float | None = None,
     tracer: str = "auto",
+    profile_times: bool = False,
 ) -> Plan:
     """Traces ``model`` and solves for the cheapest schedule whose whole step fits ``budget``.
 
@@ -225,6 +226,8 @@ def plan(
         example_kwargs: keyword inputs of one step.
         time_limit_s: time limit for the solver.
         tracer: ``"auto"`` (torch.export, then torch.fx), ``"export"`` or ``"fx"``.
+        profile_times: time every op's forward on the model's device, so the solver weighs
+            recomputation by measured rather than estimated times (runs the model once).
 
     Raises:
         BudgetError: unreadable budget, or below the resident memory.
@@ -232,7 +235,9 @@ def plan(
             the available solvers can meet, in GB and GiB.
         TraceError: the model or its inputs cannot be traced.
     """
-    traced = trace_model(model, example_inputs, example_kwargs, method=tracer)
+    traced = trace_model(
+        model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
+    )
     graph = traced.graph
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
     result = get_solver(solver)(graph, act, time_limit_s=time_limit_s)

@@ -43,12 +43,15 @@ def trace_model(
     name: str | None = None,
     method: str = "auto",
     progress: ProgressFn | None = None,
+    profile_times: bool = False,
 ) -> Traced:
     """Traces ``model`` and returns its cost graph with the captured module.
 
     The model is traced in its current mode (call ``model.train()`` first to plan training)
     and is not modified. Parameters may live on any device, the meta device included: the
-    tracer only ever runs ops on fake tensors.
+    tracer only ever runs ops on fake tensors, unless ``profile_times`` asks it to time
+    every op's forward for real (then ``fwd_time_s`` is measured, ``bwd_time_s`` scaled by
+    the op's FLOP ratio, and the graph's ``cost_model`` says ``measured-<device>``).
     """
     if not isinstance(model, torch.nn.Module):
         raise TraceError(
@@ -63,6 +66,8 @@ def trace_model(
         )
     captured = capture(model, args, kwargs, method=method)
     graph = build_cost_graph(captured, name=name or type(model).__name__, progress=progress)
+    if profile_times:
+        _apply_measured_times(graph, captured)
     check_graph(graph)
     return Traced(graph=graph, captured=captured, args=args, kwargs=kwargs)
 
@@ -84,3 +89,19 @@ def trace(
         ['aten.linear.default', 'aten.relu.default', 'aten.linear.default']
     """
     return trace_model(model, example_inputs, example_kwargs, name=name, method=method).graph
+
+
+def _apply_measured_times(graph: CostGraph, captured: Captured) -> None:
+    from chkpt_opt.graphs.tracer.timing import measure_forward_times
+
+    if graph.graph.get("device_type") == "meta":
+        raise TraceError(
+            "cannot time ops of a model on the meta device; trace without profile_times."
+        )
+    times = measure_forward_times(captured.module, captured.flat_inputs)
+    for name, attrs in graph.nodes(data=True):
+        fwd = times.get(name, attrs["fwd_time_s"])
+        ratio = attrs["bwd_flops"] / attrs["fwd_flops"] if attrs["fwd_flops"] else 2.0
+        attrs["fwd_time_s"] = fwd
+        attrs["bwd_time_s"] = fwd * ratio if attrs["has_backward"] else 0.0
+    graph.graph["cost_model"] = f"measured-{graph.graph.get('device_type', 'cpu')}"
