@@ -6,7 +6,16 @@ Example:
     >>> optimized = chkpt_opt.optimize(net, (torch.randn(32, 64),), budget="1MB", optimizer=None)
 """
 
-from chkpt_opt.api import Plan, activation_budget, optimize, plan, smallest_peak, solve, trace
+from chkpt_opt.api import (
+    Plan,
+    activation_budget,
+    apply,
+    optimize,
+    plan,
+    smallest_peak,
+    solve,
+    trace,
+)
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes, parse_budget
 from chkpt_opt.errors import (
     BudgetError,
@@ -44,6 +53,7 @@ __all__ = [
     "TraceError",
     "ValidationReport",
     "activation_budget",
+    "apply",
     "available_solvers",
     "format_bytes",
     "get_solver",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.schedule import Schedule
+from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult, get_solver
 
@@ -179,6 +181,30 @@ class Plan:
         module = self.traced.captured.fresh_module()
         return apply_schedule(module, self.graph, self.schedule)
 
+    def save(self, path: str | Path) -> None:
+        """Writes the plan as a versioned schedule file (JSON; see ``schemas/``).
+
+        ``chkpt_opt.apply(model, path, example_inputs)`` rebuilds the optimized module from
+        it without solving, in another process or on another machine.
+        """
+        r = self.result
+        save_schedule(
+            path,
+            self.graph,
+            self.schedule,
+            budget_bytes=self.budget.total_bytes,
+            activation_budget_bytes=self.activation_budget_bytes,
+            predicted_peak_bytes=self.predicted_peak_bytes,
+            forward_backward_peak_bytes=self.profile.peak_bytes,
+            resident_bytes=self.static.resident_bytes,
+            solver=r.solver,
+            status=r.status.value,
+            objective_s=r.objective,
+            bound_s=r.bound,
+            torch_version=str(torch.__version__),
+            chkpt_opt_version=_version(),
+        )
+
     def summary(self) -> str:
         """Human-readable lines: budget, its split, the prediction, and the solver's status."""
         s = self.static
@@ -266,6 +292,34 @@ def plan(
     )
     log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
     return made
+
+
+def apply(
+    model: torch.nn.Module,
+    path: str | Path,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    tracer: str = "auto",
+) -> torch.nn.Module:
+    """Rebuilds the optimized module from a schedule file, without solving.
+
+    The model is traced (on fake tensors) to rebuild its graph; the file is refused if it
+    was made for another model or other input shapes.
+
+    Raises:
+        ScheduleError: malformed file, other format version, or a fingerprint mismatch.
+    """
+    loaded = load_schedule(path)
+    traced = trace_model(model, example_inputs, example_kwargs, method=tracer)
+    loaded.check_against(traced.graph)
+    return apply_schedule(traced.captured.fresh_module(), traced.graph, loaded.schedule)
+
+
+def _version() -> str:
+    from chkpt_opt import __version__
+
+    return __version__
 
 
 def optimize(

@@ -1,0 +1,120 @@
+"""Plan files: save, load in a fresh process, apply without solving; refusals; the schema."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import torch
+
+import chkpt_opt
+from chkpt_opt import zoo
+from chkpt_opt.api import smallest_peak
+from chkpt_opt.measure import measure_step
+
+GPT = {"n_layer": 2, "d_model": 64, "n_head": 4, "seq_len": 32, "batch": 4, "vocab": 128}
+
+
+def _small_budget(model, args) -> int:
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    return full.static.resident_bytes + smallest_peak(full.graph).peak_bytes
+
+
+def _grad_digest(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(p.grad.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+FRESH_PROCESS = """
+import hashlib, json, sys, torch
+import chkpt_opt
+from chkpt_opt import zoo
+from chkpt_opt.measure import measure_step
+model, args, kwargs = zoo.gpt(**json.loads(sys.argv[2]))
+optimized = chkpt_opt.apply(model, sys.argv[1], args)
+torch.manual_seed(0)
+peak = measure_step(optimized, args).peak_bytes
+digest = hashlib.sha256()
+for name, p in model.named_parameters():
+    digest.update(name.encode())
+    digest.update(p.grad.detach().contiguous().numpy().tobytes())
+print(json.dumps({"peak": peak, "grads": digest.hexdigest()}))
+"""
+
+
+def test_round_trip_through_a_fresh_process(tmp_path: Path) -> None:
+    model, args, _ = zoo.gpt(**GPT)
+    plan = chkpt_opt.plan(model, args, budget=_small_budget(model, args), optimizer=None)
+    assert plan.schedule.regions
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    torch.manual_seed(0)
+    here = measure_step(plan.apply(), args).peak_bytes
+    digest = _grad_digest(model)
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(path), json.dumps(GPT)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
+    there = json.loads(result.stdout.strip().splitlines()[-1])
+    assert there["peak"] == here
+    assert there["grads"] == digest
+
+
+def test_file_validates_against_the_published_schema(tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(
+        resources.files("chkpt_opt").joinpath("schemas/schedule-v1.schema.json").read_text()
+    )
+    model, args, _ = zoo.gpt(**GPT)
+    static = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw").static
+    budget = (
+        _small_budget(model, args) + static.optimizer_state_bytes + static.optimizer_phase_bytes
+    )
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, schema)
+    assert data["torch_version"] == str(torch.__version__)
+    assert data["predicted_peak_bytes"] == plan.predicted_peak_bytes
+    broken = dict(data, format_version=2)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+
+def test_file_for_other_shapes_or_another_model_is_refused(tmp_path: Path) -> None:
+    model, args, _ = zoo.gpt(**GPT)
+    plan = chkpt_opt.plan(model, args, budget=_small_budget(model, args), optimizer=None)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    other_shape = zoo.gpt(**dict(GPT, batch=8))
+    with pytest.raises(chkpt_opt.ScheduleError, match="fingerprint") as info:
+        chkpt_opt.apply(other_shape[0], path, other_shape[1])
+    assert "other input shapes" in str(info.value)
+    other_model = zoo.gpt(**dict(GPT, n_layer=3))
+    with pytest.raises(chkpt_opt.ScheduleError, match="fingerprint"):
+        chkpt_opt.apply(other_model[0], path, other_model[1])
+
+
+def test_malformed_plan_files_are_refused(tmp_path: Path) -> None:
+    model, args, _ = zoo.gpt(**GPT)
+    path = tmp_path / "plan.json"
+    path.write_text('{"format": "chkpt_opt.schedule", "format_version": 9}')
+    with pytest.raises(chkpt_opt.ScheduleError, match="format_version 9"):
+        chkpt_opt.apply(model, path, args)
+    path.write_text('{"format": "chkpt_opt.schedule", "format_ver')
+    with pytest.raises(chkpt_opt.ScheduleError, match="not valid JSON"):
+        chkpt_opt.apply(model, path, args)
+    with pytest.raises(chkpt_opt.ScheduleError, match="does not exist"):
+        chkpt_opt.apply(model, tmp_path / "missing.json", args)
