@@ -40,6 +40,8 @@ EXAMPLES = """examples:
   chkpt-opt simulate gpt.json gpt.schedule.json --timeline
   chkpt-opt optimize chkpt_opt.zoo:resnet --budget 0.1GiB --validate
   chkpt-opt show gpt.json
+  chkpt-opt export gpt.json gpt.schedule.json --target huggingface
+  chkpt-opt export gpt.json gpt.schedule.json --target snapshot -o predicted.pickle
   chkpt-opt corpus -o graphs
   chkpt-opt bench graphs/*.json --solvers greedy sqrt auto --budgets 0.9 0.7 0.5 0.3 -o results/bench
   chkpt-opt max-batch chkpt_opt.zoo:gpt --budget 1GB
@@ -508,6 +510,65 @@ def cmd_max_batch(args: argparse.Namespace) -> int:
     return EXIT_OK if result.with_plan else EXIT_INFEASIBLE
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from chkpt_opt.graphs.io import load_graph
+    from chkpt_opt.schedule_io import load_schedule
+
+    graph = load_graph(args.graph)
+    loaded = load_schedule(args.schedule)
+    loaded.check_against(graph)
+    if args.target == "snapshot":
+        from chkpt_opt.export.snapshot import save_predicted_snapshot
+
+        output = args.output or Path("predicted_snapshot.pickle")
+        save_predicted_snapshot(output, graph, loaded.schedule)
+        _emit(
+            args,
+            {"snapshot": str(output)},
+            [f"wrote {output}: open it at https://pytorch.org/memory_viz beside a real snapshot"],
+        )
+        return EXIT_OK
+    from chkpt_opt.export.layers import lower_to_layers
+
+    budget = loaded.meta.get("activation_budget_bytes")
+    try:
+        lowering = lower_to_layers(
+            graph,
+            loaded.schedule,
+            target=args.target,
+            budget_bytes=budget if isinstance(budget, int) else None,
+        )
+    except ValueError as err:
+        raise ScheduleError(str(err)) from None
+    data = {
+        "target": lowering.target,
+        "settings": lowering.settings,
+        "layers": list(lowering.layers),
+        "exact": lowering.exact,
+        "exact_peak_bytes": lowering.exact_peak_bytes,
+        "lowered_peak_bytes": lowering.lowered_peak_bytes,
+        "exact_overhead": lowering.exact_overhead,
+        "lowered_overhead": lowering.lowered_overhead,
+        "notes": list(lowering.notes),
+    }
+    if args.output:
+        from chkpt_opt.graphs.io import write_json_atomic
+
+        write_json_atomic(args.output, data)
+    _emit(
+        args,
+        data,
+        [
+            f"{lowering.target}: {json.dumps(lowering.settings)}",
+            f"forward/backward peak: exact {format_bytes(lowering.exact_peak_bytes)}, lowered "
+            f"{format_bytes(lowering.lowered_peak_bytes)}; extra compute: exact "
+            f"{lowering.exact_overhead:.1%}, lowered {lowering.lowered_overhead:.1%}",
+            *[f"note: {note}" for note in lowering.notes],
+        ],
+    )
+    return EXIT_OK
+
+
 def cmd_solvers(args: argparse.Namespace) -> int:
     from chkpt_opt.solvers import available_solvers
 
@@ -605,6 +666,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     budget_args(p)
     p.add_argument("--max-batch", type=int, default=4096)
+
+    p = add(
+        "export", cmd_export, "lower a schedule for a trainer, or write the memory-viewer snapshot"
+    )
+    p.add_argument("graph", type=Path)
+    p.add_argument("schedule", type=Path)
+    p.add_argument(
+        "--target", required=True, choices=["huggingface", "torchtitan", "megatron", "snapshot"]
+    )
+    p.add_argument(
+        "-o", "--output", type=Path, help="file to write (JSON settings or snapshot pickle)"
+    )
 
     p = add("corpus", cmd_corpus, "regenerate the benchmark corpus of cost graphs")
     p.add_argument(

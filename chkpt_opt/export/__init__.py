@@ -1,0 +1,1 @@
+"""Exports for production trainers: per-layer settings and memory-viewer snapshots."""
