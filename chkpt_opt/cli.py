@@ -39,6 +39,7 @@ EXAMPLES = """examples:
   chkpt-opt solve gpt.json --budget 200MB --solver auto -o gpt.schedule.json
   chkpt-opt simulate gpt.json gpt.schedule.json --timeline
   chkpt-opt optimize chkpt_opt.zoo:resnet --budget 0.1GiB --validate
+  chkpt-opt validate chkpt_opt.zoo:gpt --budget 0.3GB --device cuda
   chkpt-opt show gpt.json
   chkpt-opt export gpt.json gpt.schedule.json --target huggingface
   chkpt-opt export gpt.json gpt.schedule.json --target snapshot -o predicted.pickle
@@ -569,6 +570,73 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _to_device(value: Any, device: str) -> Any:
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, lambda t: t.to(device), value)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import torch
+
+    import chkpt_opt
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ChkptOptError(
+            f"--device {args.device} was asked for, but no CUDA device is available."
+        )
+    model, ex_args, ex_kwargs = load_model_spec(args.model)
+    model = model.to(args.device)
+    ex_args, ex_kwargs = _to_device(ex_args, args.device), _to_device(ex_kwargs, args.device)
+    plan = chkpt_opt.plan(
+        model,
+        ex_args,
+        example_kwargs=ex_kwargs,
+        budget=args.budget,
+        solver=args.solver,
+        optimizer=_optimizer(args.optimizer),
+        time_limit_s=args.time_limit,
+        profile_times=args.profile_times,
+    )
+    report = chkpt_opt.validate(
+        model,
+        plan.apply(),
+        ex_args,
+        ex_kwargs,
+        predicted_peak_bytes=plan.profile.peak_bytes,
+        repeats=args.repeats,
+    )
+    measured = plan.static.resident_bytes + report.measured_peak_bytes
+    ok = measured <= plan.budget.total_bytes and abs(report.prediction_error or 0) <= args.tolerance
+    data = {
+        "device": report.device,
+        "budget_bytes": plan.budget.total_bytes,
+        "predicted_peak_bytes": plan.predicted_peak_bytes,
+        "measured_peak_bytes": measured,
+        "forward_backward_predicted_bytes": plan.profile.peak_bytes,
+        "forward_backward_measured_bytes": report.measured_peak_bytes,
+        "baseline_forward_backward_bytes": report.baseline_peak_bytes,
+        "prediction_error": report.prediction_error,
+        "step_time_ratio": report.step_time_ratio,
+        "grads_bitwise_equal": report.grads_bitwise_equal,
+        "max_grad_rel_diff": report.max_grad_rel_diff,
+        "within_budget": measured <= plan.budget.total_bytes,
+        "passed": ok,
+    }
+    _emit(
+        args,
+        data,
+        [
+            plan.summary(),
+            report.summary(),
+            f"whole step: measured {format_bytes(measured)} vs budget "
+            f"{format_bytes(plan.budget.total_bytes)} -> {'PASS' if ok else 'FAIL'}",
+        ],
+    )
+    return EXIT_OK if ok else EXIT_INTERNAL
+
+
 def cmd_solvers(args: argparse.Namespace) -> int:
     from chkpt_opt.solvers import available_solvers
 
@@ -677,6 +745,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "-o", "--output", type=Path, help="file to write (JSON settings or snapshot pickle)"
+    )
+
+    p = add("validate", cmd_validate, "plan, run and measure a model on a device (cpu or cuda)")
+    p.add_argument("model", help="package.module:function returning (model, args[, kwargs])")
+    budget_args(p)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument(
+        "--tolerance", type=float, default=0.05, help="allowed |predicted-measured|/measured"
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timed steps per module")
+    p.add_argument(
+        "--profile-times", action="store_true", help="time ops on the device for the solver"
     )
 
     p = add("corpus", cmd_corpus, "regenerate the benchmark corpus of cost graphs")
