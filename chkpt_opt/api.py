@@ -176,10 +176,14 @@ class Plan:
             self.profile.peak_bytes, self.static.optimizer_phase_bytes
         )
 
-    def apply(self) -> torch.nn.Module:
-        """Returns a new module that runs the schedule; it shares the model's parameters."""
+    def apply(self, *, for_compile: bool = False) -> torch.nn.Module:
+        """Returns a new module that runs the schedule; it shares the model's parameters.
+
+        With ``for_compile=True`` the module is meant for ``torch.compile``: its recompute
+        regions become regions that the compiled backward recomputes.
+        """
         module = self.traced.captured.fresh_module()
-        return apply_schedule(module, self.graph, self.schedule)
+        return apply_schedule(module, self.graph, self.schedule, for_compile=for_compile)
 
     def save(self, path: str | Path) -> None:
         """Writes the plan as a versioned schedule file (JSON; see ``schemas/``).

@@ -133,12 +133,15 @@ class CheckpointRegion(torch.nn.Module):
         root: torch.nn.Module,
         attr_targets: tuple[str, ...],
         names: tuple[str, ...],
+        *,
+        for_compile: bool = False,
     ) -> None:
         super().__init__()
         object.__setattr__(self, "_body", body)
         object.__setattr__(self, "_root", root)
         self.attr_targets = attr_targets
         self.names = names
+        self.for_compile = for_compile
 
     @property
     def body(self) -> torch.fx.GraphModule:
@@ -150,6 +153,10 @@ class CheckpointRegion(torch.nn.Module):
         return self._body(*args, *attrs)
 
     def forward(self, *args: Any) -> Any:
+        if self.for_compile:
+            # torch.compile traces checkpoint into a tagged region that its partitioner
+            # recomputes; state updates are functionalized and happen once without guards.
+            return checkpoint(self._run, *args, use_reentrant=False)
         return checkpoint(
             self._run,
             *args,
@@ -214,7 +221,9 @@ def _guard_stateful(body: torch.fx.GraphModule, root: torch.fx.GraphModule) -> N
         body.recompile()
 
 
-def _outline(gm: torch.fx.GraphModule, region: list[torch.fx.Node], k: int) -> None:
+def _outline(
+    gm: torch.fx.GraphModule, region: list[torch.fx.Node], k: int, *, for_compile: bool
+) -> None:
     inside = set(region)
     ext: list[torch.fx.Node] = []
     for node in region:
@@ -236,11 +245,16 @@ def _outline(gm: torch.fx.GraphModule, region: list[torch.fx.Node], k: int) -> N
         env[node] = sub.node_copy(node, lambda x: env[x])
     sub.output(tuple(env[o] for o in outputs))
     body = torch.fx.GraphModule(gm, sub, class_name=f"Region{k}")
-    _guard_stateful(body, gm)
+    if not for_compile:
+        _guard_stateful(body, gm)
 
     name = f"chkpt_region_{k}"
     wrapper = CheckpointRegion(
-        body, gm, tuple(str(a.target) for a in attrs), tuple(n.name for n in region)
+        body,
+        gm,
+        tuple(str(a.target) for a in attrs),
+        tuple(n.name for n in region),
+        for_compile=for_compile,
     )
     gm.add_submodule(name, wrapper)
     with gm.graph.inserting_before(region[0]):
@@ -254,7 +268,7 @@ def _outline(gm: torch.fx.GraphModule, region: list[torch.fx.Node], k: int) -> N
 
 
 def apply_schedule(
-    module: torch.fx.GraphModule, graph: CostGraph, schedule: Schedule
+    module: torch.fx.GraphModule, graph: CostGraph, schedule: Schedule, *, for_compile: bool = False
 ) -> torch.fx.GraphModule:
     """Rewrites ``module`` (a fresh capture, modified in place) to run ``schedule``.
 
@@ -262,6 +276,8 @@ def apply_schedule(
         module: a GraphModule whose call nodes are the nodes of ``graph``.
         graph: the cost graph of that module.
         schedule: a valid schedule of ``graph``.
+        for_compile: emit regions for ``torch.compile`` (plain non-reentrant checkpoint,
+            which dynamo turns into regions its partitioner recomputes; no eager guards).
 
     Returns:
         ``module``, rewritten and recompiled.
@@ -275,7 +291,7 @@ def apply_schedule(
                 f"region {k} names ops {missing[:3]} that the module does not have; the "
                 "schedule was made for another model or another trace of it."
             )
-        _outline(module, [by_name[n] for n in names], k)
+        _outline(module, [by_name[n] for n in names], k, for_compile=for_compile)
     module.graph.lint()
     module.recompile()
     return module
