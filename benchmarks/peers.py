@@ -11,7 +11,9 @@ For each model it measures, on the CPU and in one process:
 * ``checkpoint_sequential`` over the blocks (ceil(sqrt(n)) segments);
 * selective activation checkpointing per block saving matmul/convolution/attention outputs;
 * ``torch.compile`` with ``activation_memory_budget`` 0.5 and 0.2;
-* for every peer, the chkpt_opt plan for a budget equal to that peer's measured peak.
+* for every peer, the chkpt_opt plan (solver ``auto``, op times measured on this machine)
+  whose measured peak is at most that peer's; for the ``torch.compile`` peers, the chkpt_opt
+  plan compiled with ``torch.compile`` (``plan.apply(for_compile=True)``).
 
 Peak memory is measured exactly from the CPU allocator's events (the profiler), the same
 ruler for eager and compiled code; it is the peak of one forward + backward above the
@@ -100,7 +102,13 @@ def with_blocks(model: nn.Module, wrap: Callable[[nn.Module], nn.Module]) -> nn.
     clone = copy.deepcopy(model)
     container, name = _blocks(clone)
     wrapped = [wrap(b) for b in container]
-    setattr(clone, name, type(container)(wrapped) if isinstance(container, nn.ModuleList) else nn.Sequential(*wrapped))
+    setattr(
+        clone,
+        name,
+        type(container)(wrapped)
+        if isinstance(container, nn.ModuleList)
+        else nn.Sequential(*wrapped),
+    )
     return clone
 
 
@@ -131,15 +139,19 @@ def peers(model: nn.Module, args: tuple[Any, ...], *, skip_compile: bool) -> dic
     }
     if not skip_compile:
         for budget in (0.5, 0.2):
-            print(f"  compiling with activation_memory_budget={budget}", file=sys.stderr, flush=True)
+            print(
+                f"  compiling with activation_memory_budget={budget}", file=sys.stderr, flush=True
+            )
             out[f"torch.compile budget {budget}"] = compiled(model, budget, args)
     return out
 
 
-def timings(modules: dict[str, nn.Module], args: tuple[Any, ...], repeats: int) -> dict[str, list[float]]:
+def timings(
+    modules: dict[str, nn.Module], args: tuple[Any, ...], repeats: int
+) -> dict[str, list[float]]:
     """Interleaved step times: every round runs every module once."""
     times: dict[str, list[float]] = {name: [] for name in modules}
-    for name, module in modules.items():
+    for module in modules.values():
         run_step(module, args, {})  # warm up
     for _ in range(repeats):
         for name, module in modules.items():
@@ -151,32 +163,82 @@ def timings(modules: dict[str, nn.Module], args: tuple[Any, ...], repeats: int) 
     return times
 
 
-def chkpt_opt_for(model: nn.Module, args: tuple[Any, ...], peak_bytes: int, *, solver: str, tries: int = 4) -> tuple[nn.Module | None, int, str]:
+def chkpt_opt_for(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    peak_bytes: int,
+    *,
+    solver: str,
+    for_compile: bool = False,
+    tries: int = 4,
+) -> tuple[nn.Module | None, int, str]:
     """The chkpt_opt plan whose measured allocator peak is at most ``peak_bytes``.
 
-    The plan's budget starts at the peer's peak (plus the resident bytes); if the measured
-    peak comes out higher (kernel workspace the tracer does not see), the budget is lowered
-    by the excess and the plan solved again.
+    Eager: the plan's forward/backward budget starts at the peer's peak; if the measured peak
+    comes out higher (kernel workspace the tracer does not see), it is lowered by the excess.
+    Compiled: inductor frees buffers earlier than eager, so a plan made for a larger eager
+    budget may still fit; the budget is bisected between the peer's peak and the
+    store-everything peak, keeping the largest one whose compiled step fits.
     """
-    resident = None
-    target = peak_bytes
-    for _ in range(tries):
+    base = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=True
+    )
+    resident = base.static.resident_bytes
+
+    def build(dynamic_bytes: int) -> tuple[nn.Module, int, str] | None:
         try:
-            probe = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
-            resident = probe.static.resident_bytes
-            plan = chkpt_opt.plan(model, args, budget=resident + target, optimizer=None, solver=solver)
+            plan = chkpt_opt.plan(
+                model,
+                args,
+                budget=resident + dynamic_bytes,
+                optimizer=None,
+                solver=solver,
+                profile_times=True,
+            )
         except chkpt_opt.InfeasibleBudgetError:
-            return None, 0, "infeasible"
-        module = plan.apply()
+            return None
+        module = plan.apply(for_compile=for_compile)
+        if for_compile:
+            module = torch.compile(module)
+            for _ in range(2):
+                run_step(module, args, {})
         torch.manual_seed(0)
-        measured = measure_step_allocator(module, args)
-        if measured <= peak_bytes:
-            return module, measured, plan.result.status.value
-        target -= measured - peak_bytes
-    return None, 0, "not reached"
+        return module, measure_step_allocator(module, args), plan.result.status.value
+
+    if not for_compile:
+        target = peak_bytes
+        for _ in range(tries):
+            built = build(target)
+            if built is None:
+                return None, 0, "infeasible"
+            if built[1] <= peak_bytes:
+                return built
+            target -= built[1] - peak_bytes
+        return None, 0, "not reached"
+    best = None
+    lo, hi = peak_bytes, base.profile.peak_bytes
+    built = build(lo)
+    if built is None or built[1] > peak_bytes:
+        return None, 0, "not reached" if built else "infeasible"
+    best = built
+    for _ in range(tries - 1):
+        mid = (lo + hi) // 2
+        built = build(mid)
+        if built is not None and built[1] <= peak_bytes:
+            best, lo = built, mid
+        else:
+            hi = mid
+    return best
 
 
-def run(model_name: str, build: Callable[[], zoo.Built], *, repeats: int, skip_compile: bool, solver: str) -> list[dict[str, Any]]:
+def run(
+    model_name: str,
+    build: Callable[[], zoo.Built],
+    *,
+    repeats: int,
+    skip_compile: bool,
+    solver: str,
+) -> list[dict[str, Any]]:
     model, args, _ = build()
     print(f"{model_name}: building peers", file=sys.stderr, flush=True)
     modules = peers(model, args, skip_compile=skip_compile)
@@ -191,54 +253,89 @@ def run(model_name: str, build: Callable[[], zoo.Built], *, repeats: int, skip_c
     for name in modules:
         if name == "no checkpointing":
             continue
-        module, measured, status = chkpt_opt_for(model, args, peaks[name], solver=solver)
+        is_compiled = name.startswith("torch.compile")
+        module, measured, status = chkpt_opt_for(
+            model, args, peaks[name], solver=solver, for_compile=is_compiled
+        )
         ours_status[name] = status
         if module is not None:
-            ours[f"chkpt_opt @ {name}"] = module
+            ours[f"chkpt_opt @ {name}"] = module  # compiled too when the peer is compiled
             ours_peak[f"chkpt_opt @ {name}"] = measured
-            print(f"  chkpt_opt at the peak of {name}: {measured / 2**20:.1f} MiB ({status})", file=sys.stderr, flush=True)
+            print(
+                f"  chkpt_opt at the peak of {name}: {measured / 2**20:.1f} MiB ({status})",
+                file=sys.stderr,
+                flush=True,
+            )
     all_modules = {**modules, **ours}
-    print(f"{model_name}: timing {len(all_modules)} strategies x {repeats} rounds", file=sys.stderr, flush=True)
+    print(
+        f"{model_name}: timing {len(all_modules)} strategies x {repeats} rounds",
+        file=sys.stderr,
+        flush=True,
+    )
     times = timings(all_modules, args, repeats)
     base = statistics.median(times["no checkpointing"])
     spread = statistics.median(abs(t - base) for t in times["no checkpointing"]) / base
     rows = []
     for name in all_modules:
         ratio = statistics.median(times[name]) / base
-        rows.append({
-            "model": model_name,
-            "strategy": name,
-            "peak_bytes": ours_peak.get(name, peaks.get(name)),
-            "peak_mib": round(ours_peak.get(name, peaks.get(name, 0)) / 2**20, 1),
-            "time_ratio": round(ratio, 3),
-            "noise": round(spread, 3),
-            "matches": name.split(" @ ", 1)[1] if name.startswith("chkpt_opt @ ") else "",
-        })
+        rows.append(
+            {
+                "model": model_name,
+                "strategy": name,
+                "peak_bytes": ours_peak.get(name, peaks.get(name)),
+                "peak_mib": round(ours_peak.get(name, peaks.get(name, 0)) / 2**20, 1),
+                "time_ratio": round(ratio, 3),
+                "noise": round(spread, 3),
+                "matches": name.split(" @ ", 1)[1] if name.startswith("chkpt_opt @ ") else "",
+            }
+        )
     for name, status in ours_status.items():
         if f"chkpt_opt @ {name}" not in ours:
-            rows.append({"model": model_name, "strategy": f"chkpt_opt @ {name}", "peak_bytes": "",
-                         "peak_mib": "", "time_ratio": "", "noise": round(spread, 3), "matches": name,
-                         "status": status})
+            rows.append(
+                {
+                    "model": model_name,
+                    "strategy": f"chkpt_opt @ {name}",
+                    "peak_bytes": "",
+                    "peak_mib": "",
+                    "time_ratio": "",
+                    "noise": round(spread, 3),
+                    "matches": name,
+                    "status": status,
+                }
+            )
     return rows
 
 
 def dominance(rows: list[dict[str, Any]]) -> list[str]:
     """Markdown lines: per model and peer, the peer's point beside chkpt_opt's."""
-    lines = ["| model | peer | peer peak MiB | peer time | chkpt_opt peak MiB | chkpt_opt time | dominates |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | peer | peer peak MiB | peer time | chkpt_opt peak MiB | chkpt_opt time "
+        "| dominates |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         if not row["strategy"].startswith("chkpt_opt @ "):
             continue
-        peer = next(r for r in rows if r["model"] == row["model"] and r["strategy"] == row["matches"])
+        peer = next(
+            r for r in rows if r["model"] == row["model"] and r["strategy"] == row["matches"]
+        )
         margin = 2 * row["noise"]
         if row["time_ratio"] == "":
             verdict = f"no ({row.get('status', 'not found')})"
         else:
-            ok = row["peak_bytes"] <= peer["peak_bytes"] and row["time_ratio"] <= peer["time_ratio"] * (1 + margin)
+            ok = row["peak_bytes"] <= peer["peak_bytes"] and row["time_ratio"] <= peer[
+                "time_ratio"
+            ] * (1 + margin)
             verdict = "yes" if ok else "no"
-        lines.append(f"| {row['model']} | {peer['strategy']} | {peer['peak_mib']} | {peer['time_ratio']:.2f} | "
-                     f"{row['peak_mib']} | {row['time_ratio'] if row['time_ratio'] == '' else format(row['time_ratio'], '.2f')} | {verdict} |")
+        ours_time = "" if row["time_ratio"] == "" else f"{row['time_ratio']:.2f}"
+        lines.append(
+            f"| {row['model']} | {peer['strategy']} | {peer['peak_mib']} | "
+            f"{peer['time_ratio']:.2f} | {row['peak_mib']} | {ours_time} | {verdict} |"
+        )
     return lines
+
+
+NOISE_NOTE = "Noise margin: twice the median absolute deviation of the no-checkpointing steps."
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -253,13 +350,33 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         pts = [r for r in rows if r["model"] == model and r["time_ratio"] != ""]
         for r in pts:
             ours = r["strategy"].startswith("chkpt_opt")
-            ax.scatter(r["peak_mib"], r["time_ratio"], marker="o" if ours else "s", s=40,
-                       color="tab:blue" if ours else "tab:red", zorder=3)
+            ax.scatter(
+                r["peak_mib"],
+                r["time_ratio"],
+                marker="o" if ours else "s",
+                s=40,
+                color="tab:blue" if ours else "tab:red",
+                zorder=3,
+            )
             label = "" if ours else r["strategy"]
-            ax.annotate(label, (r["peak_mib"], r["time_ratio"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
-        ours_pts = sorted((r["peak_mib"], r["time_ratio"]) for r in pts if r["strategy"].startswith("chkpt_opt"))
+            ax.annotate(
+                label,
+                (r["peak_mib"], r["time_ratio"]),
+                fontsize=7,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
+        ours_pts = sorted(
+            (r["peak_mib"], r["time_ratio"]) for r in pts if r["strategy"].startswith("chkpt_opt")
+        )
         if ours_pts:
-            ax.plot([p[0] for p in ours_pts], [p[1] for p in ours_pts], color="tab:blue", alpha=0.5, label="chkpt_opt plans")
+            ax.plot(
+                [p[0] for p in ours_pts],
+                [p[1] for p in ours_pts],
+                color="tab:blue",
+                alpha=0.5,
+                label="chkpt_opt plans",
+            )
         ax.scatter([], [], marker="s", color="tab:red", label="peers")
         ax.set_title(f"{model}: forward+backward peak vs step time (CPU)", fontsize=9)
         ax.set_xlabel("measured peak (MiB, allocator)")
@@ -283,17 +400,41 @@ def main() -> None:
     builders = {"gpt": zoo.gpt, "resnet": zoo.resnet}
     rows: list[dict[str, Any]] = []
     for name in args.models:
-        rows += run(name, builders[name], repeats=args.repeats, skip_compile=args.skip_compile, solver=args.solver)
+        rows += run(
+            name,
+            builders[name],
+            repeats=args.repeats,
+            skip_compile=args.skip_compile,
+            solver=args.solver,
+        )
     args.output.mkdir(parents=True, exist_ok=True)
-    fields = ["model", "strategy", "peak_bytes", "peak_mib", "time_ratio", "noise", "matches", "status"]
+    fields = [
+        "model",
+        "strategy",
+        "peak_bytes",
+        "peak_mib",
+        "time_ratio",
+        "noise",
+        "matches",
+        "status",
+    ]
     with (args.output / "peers.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     table = ["| model | strategy | peak MiB | time vs none |", "|---|---|---|---|"]
-    table += [f"| {r['model']} | {r['strategy']} | {r['peak_mib']} | {r['time_ratio']} |" for r in rows]
-    text = "\n".join(table + ["", *dominance(rows), "",
-                              "Noise margin: twice the median absolute deviation of the no-checkpointing steps."])
+    table += [
+        f"| {r['model']} | {r['strategy']} | {r['peak_mib']} | {r['time_ratio']} |" for r in rows
+    ]
+    text = "\n".join(
+        [
+            *table,
+            "",
+            *dominance(rows),
+            "",
+            NOISE_NOTE,
+        ]
+    )
     (args.output / "peers.md").write_text(text + "\n")
     plot(rows, args.output / "peers.png")
     print(text)

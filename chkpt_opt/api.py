@@ -215,7 +215,8 @@ class Plan:
         r = self.result
         lines = [
             f"budget: {format_bytes(self.budget.total_bytes)}",
-            f"  resident: {format_bytes(s.resident_bytes)} (parameters {format_bytes(s.param_bytes)}, "
+            f"  resident: {format_bytes(s.resident_bytes)} "
+            f"(parameters {format_bytes(s.param_bytes)}, "
             f"optimizer state {format_bytes(s.optimizer_state_bytes)}, buffers+inputs "
             f"{format_bytes(s.buffer_bytes + s.input_bytes)})",
             f"  for forward/backward: {format_bytes(self.activation_budget_bytes)}",
@@ -277,7 +278,8 @@ def plan(
         raise InfeasibleBudgetError(
             f"budget {parsed.text!r} = {format_bytes(parsed.total_bytes)} is below the smallest "
             f"budget the available solvers can meet for this model and inputs: "
-            f"{format_bytes(minimum)} ({minimum} bytes; resident {format_bytes(static.resident_bytes)}"
+            f"{format_bytes(minimum)} ({minimum} bytes; "
+            f"resident {format_bytes(static.resident_bytes)}"
             f" + forward/backward {format_bytes(lowest.peak_bytes)}). Raise the budget to at least "
             "that, or reduce the batch size.",
             budget_bytes=act,

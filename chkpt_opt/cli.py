@@ -44,7 +44,7 @@ EXAMPLES = """examples:
   chkpt-opt export gpt.json gpt.schedule.json --target huggingface
   chkpt-opt export gpt.json gpt.schedule.json --target snapshot -o predicted.pickle
   chkpt-opt corpus -o graphs
-  chkpt-opt bench graphs/*.json --solvers greedy sqrt auto --budgets 0.9 0.7 0.5 0.3 -o results/bench
+  chkpt-opt bench graphs/*.json --solvers greedy sqrt auto --budgets 0.9 0.5 -o results/bench
   chkpt-opt max-batch chkpt_opt.zoo:gpt --budget 1GB
   chkpt-opt solvers
 
@@ -165,7 +165,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         args,
         data,
         [
-            f"traced {graph.graph['name']} with {graph.graph['tracer']}: {graph.number_of_nodes()} ops -> {args.output}",
+            f"traced {graph.graph['name']} with {graph.graph['tracer']}: "
+            f"{graph.number_of_nodes()} ops -> {args.output}",
             f"parameters {format_bytes(graph.graph['param_bytes'])}; forward/backward peak without "
             f"checkpointing {format_bytes(peak)}",
         ],
@@ -217,7 +218,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         args,
         data,
         [
-            f"budget {format_bytes(budget.total_bytes)}: resident {format_bytes(static.resident_bytes)}, "
+            f"budget {format_bytes(budget.total_bytes)}: "
+            f"resident {format_bytes(static.resident_bytes)}, "
             f"forward/backward {format_bytes(act)}",
             f"{result.solver}: {result.status.value}{gap}; {len(result.schedule.regions)} regions; "
             f"extra compute {result.objective:.4g} s; predicted peak {format_bytes(predicted)}; "
@@ -256,8 +258,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "peak_step": {"kind": profile.peak_step.kind, "node": profile.peak_step.node},
     }
     lines = [
-        f"peak {format_bytes(profile.peak_bytes)} at {profile.peak_step.kind} {profile.peak_step.node}",
-        f"estimated compute {profile.compute_s:.4g} s, of which recomputation {profile.recompute_s:.4g} s "
+        f"peak {format_bytes(profile.peak_bytes)} at "
+        f"{profile.peak_step.kind} {profile.peak_step.node}",
+        f"estimated compute {profile.compute_s:.4g} s, "
+        f"of which recomputation {profile.recompute_s:.4g} s "
         f"({profile.overhead:.1%})",
     ]
     if args.timeline:
@@ -389,11 +393,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         },
     }
     lines = [
-        f"graph {g['name']!r}: {len(nodes)} ops, {graph.number_of_edges()} edges, traced with {g['tracer']} "
+        f"graph {g['name']!r}: {len(nodes)} ops, {graph.number_of_edges()} edges, "
+        f"traced with {g['tracer']} "
         f"on {g['device_type']} (fingerprint {graph_fingerprint(graph)})",
         f"parameters {format_bytes(g['param_bytes'])}, buffers {format_bytes(g['buffer_bytes'])}, "
         f"inputs {format_bytes(g['input_bytes'])}",
-        f"largest saved-for-backward ops:",
+        "largest saved-for-backward ops:",
     ]
     lines += [
         f"  {n:<40} {graph.nodes[n]['op']:<40} {format_bytes(graph.nodes[n]['saved_bytes'])}"
@@ -505,7 +510,8 @@ def cmd_max_batch(args: argparse.Namespace) -> int:
         data,
         [
             f"budget {format_bytes(result.budget_bytes)}: largest batch without checkpointing "
-            f"{result.without_checkpointing}, with the {result.solver} plan {result.with_plan}{gain}",
+            f"{result.without_checkpointing}, "
+            f"with the {result.solver} plan {result.with_plan}{gain}",
         ],
     )
     return EXIT_OK if result.with_plan else EXIT_INFEASIBLE

@@ -59,17 +59,24 @@ class ValidationReport:
 
     def summary(self) -> str:
         """A few human-readable lines."""
+        grads = (
+            "bitwise equal"
+            if self.grads_bitwise_equal
+            else f"max rel diff {self.max_grad_rel_diff:.2e}"
+        )
+        predicted = ""
+        if self.predicted_peak_bytes is not None:
+            predicted = (
+                f", predicted {format_bytes(self.predicted_peak_bytes)} "
+                f"({self.prediction_error:+.2%})"
+            )
         lines = [
-            f"gradients: {'bitwise equal' if self.grads_bitwise_equal else f'max rel diff {self.max_grad_rel_diff:.2e}'}"
+            f"gradients: {grads}"
             f"; outputs {'equal' if self.outputs_bitwise_equal else 'differ'}"
             f"; buffers {'equal' if self.buffers_bitwise_equal else 'differ'}",
-            f"peak (forward+backward, {self.device}): measured {format_bytes(self.measured_peak_bytes)}"
-            + (
-                f", predicted {format_bytes(self.predicted_peak_bytes)} ({self.prediction_error:+.2%})"
-                if self.predicted_peak_bytes is not None
-                else ""
-            )
-            + f", without checkpointing {format_bytes(self.baseline_peak_bytes)}",
+            f"peak (forward+backward, {self.device}): "
+            f"measured {format_bytes(self.measured_peak_bytes)}{predicted}"
+            f", without checkpointing {format_bytes(self.baseline_peak_bytes)}",
             f"step time vs original: {self.step_time_ratio:.2f}x",
         ]
         return "\n".join(lines)

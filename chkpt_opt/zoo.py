@@ -92,7 +92,7 @@ def gpt(
     dropout: float = 0.1,
     seed: int = 0,
 ) -> Built:
-    """The GPT-style reference model (defaults: 8 layers, d_model 256, 4 heads, seq 256, batch 8)."""
+    """The GPT-style reference model (8 layers, d_model 256, 4 heads, seq 256, batch 8)."""
     torch.manual_seed(seed)
     model = GPT(
         vocab=vocab,

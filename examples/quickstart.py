@@ -26,7 +26,7 @@ def main() -> None:
     torch.set_num_threads(2)
 
     # 8 layers, d_model 256, 4 heads, sequence 256, batch 8 (plain PyTorch, random weights).
-    model, inputs, kwargs = zoo.gpt()
+    model, inputs, _kwargs = zoo.gpt()
     optimizer = None if args.optimizer == "none" else args.optimizer
 
     plan = chkpt_opt.plan(model, inputs, budget=args.budget, optimizer=optimizer)

@@ -44,6 +44,7 @@ def test_optimal_plan_admits_a_larger_batch_on_cuda() -> None:
 
     result = max_batch_size(build, "1GB", optimizer="adamw", max_batch=256)
     print(
-        f"max batch under 1 GB: {result.without_checkpointing} without, {result.with_plan} with a plan"
+        f"max batch under 1 GB: {result.without_checkpointing} without, "
+        f"{result.with_plan} with a plan"
     )
     assert result.with_plan > result.without_checkpointing >= 1

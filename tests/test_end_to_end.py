@@ -89,7 +89,7 @@ def test_training_loop_matches_original_over_several_steps(name: str) -> None:
     opt_a = torch.optim.AdamW(model_a.parameters(), lr=1e-3)
     opt_b = torch.optim.AdamW(model_b.parameters(), lr=1e-3)
     for step in range(3):
-        for model, module, opt in ((model_a, model_a, opt_a), (model_b, optimized, opt_b)):
+        for _model, module, opt in ((model_a, model_a, opt_a), (model_b, optimized, opt_b)):
             torch.manual_seed(step)
             opt.zero_grad()
             module(*args, **kwargs).backward()
@@ -125,7 +125,7 @@ def test_budget_below_minimum_states_the_minimum_in_both_units() -> None:
 
 
 def test_budget_counts_optimizer_state() -> None:
-    model, args, kwargs = MODELS["gpt"]()
+    model, args, _kwargs = MODELS["gpt"]()
     none = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
     adamw = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw")
     instance = chkpt_opt.plan(
@@ -143,7 +143,7 @@ def test_budget_counts_optimizer_state() -> None:
 
 
 def test_summary_prints_budget_in_gb_and_gib() -> None:
-    model, args, kwargs = MODELS["resnet"]()
+    model, args, _kwargs = MODELS["resnet"]()
     plan = chkpt_opt.plan(model, args, budget="1GiB")
     text = plan.summary()
     assert "1.07 GB (1.00 GiB)" in text

@@ -46,7 +46,8 @@ def latex_table(rows: Sequence[dict[str, str]]) -> str:
     for graph, fraction in sorted(cells, key=lambda k: (k[0], -float(k[1]))):
         row = cells[(graph, fraction)]
         lines.append(
-            f"{graph.replace('_', chr(92) + '_')} & {nodes[graph]} & {100 * float(fraction):.0f}\\% & "
+            f"{graph.replace('_', chr(92) + '_')} & {nodes[graph]} & "
+            f"{100 * float(fraction):.0f}\\% & "
             + " & ".join(row.get(s, "--") for s in solvers)
             + " \\\\"
         )

@@ -12,6 +12,7 @@ layer), so the simulator evaluates the lowering exactly.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -67,7 +68,7 @@ def find_layers(graph: CostGraph) -> Layers:
             idx = members[layer]
             start, stop = min(idx), max(idx) + 1
             spans.append((start, stop))
-        disjoint = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+        disjoint = all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
         if disjoint and all(ok[a] and ok[b] for a, b in spans):
             return Layers(container=container, spans=tuple(spans))
     raise ValueError(
@@ -180,7 +181,7 @@ def lower_to_layers(
 
     Example:
         >>> lowering = lower_to_layers(graph, plan.schedule, target="huggingface")  # doctest: +SKIP
-        >>> lowering.settings, lowering.lowered_peak_bytes, lowering.exact_peak_bytes  # doctest: +SKIP
+        >>> lowering.lowered_peak_bytes, lowering.exact_peak_bytes  # doctest: +SKIP
     """
     if target not in ("huggingface", "torchtitan", "megatron"):
         raise ValueError(
@@ -199,7 +200,8 @@ def lower_to_layers(
     )
     if recomputed_outside:
         notes.append(
-            f"{len(recomputed_outside)} recomputed ops lie outside the layers (embeddings, head) and are kept"
+            f"{len(recomputed_outside)} recomputed ops lie outside the layers "
+            "(embeddings, head) and are kept"
         )
     order = ordered_nodes(graph)
     recomputed = schedule.recomputed_nodes()
@@ -228,7 +230,7 @@ def lower_to_layers(
             }
         }
         every = _every_n(chosen, n)
-        if every is not None and 1 < every:
+        if every is not None and every > 1:
             settings["activation_checkpoint"]["selective_ac_option"] = str(every)
     else:
         if not chosen:

@@ -8,6 +8,8 @@ where few bytes cross: few storages produced before it are still read after it.
 
 from __future__ import annotations
 
+import itertools
+
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
 from chkpt_opt.schedule import cut_positions
 
@@ -70,5 +72,5 @@ def candidate_cuts(graph: CostGraph, *, window: int = 3) -> list[int]:
 def spans_between(cuts: list[int], n: int, *, skip_last: bool = False) -> list[tuple[int, int]]:
     """The ``[start, stop)`` spans between consecutive cuts (0 and ``n`` implied)."""
     bounds = [0, *sorted(set(c for c in cuts if 0 < c < n)), n]
-    spans = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    spans = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
     return spans[:-1] if skip_last else spans

@@ -26,7 +26,7 @@ def sqrt_cuts(candidates: list[int], n_segments: int) -> list[int]:
         return []
     step = len(candidates) / n_segments
     return sorted(
-        {candidates[min(len(candidates) - 1, int(round(step * k)))] for k in range(1, n_segments)}
+        {candidates[min(len(candidates) - 1, round(step * k))] for k in range(1, n_segments)}
     )
 
 
