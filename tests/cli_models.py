@@ -3,6 +3,6 @@
 from chkpt_opt import zoo
 
 
-def small_mlp():
-    """An activation-heavy chain: 12 layers of width 64 on a batch of 512."""
-    return zoo.mlp(width=64, depth=12, batch=512)
+def small_mlp(batch: int = 512):
+    """An activation-heavy chain: 12 layers of width 64 (batch 512 by default)."""
+    return zoo.mlp(width=64, depth=12, batch=batch)

@@ -134,3 +134,25 @@ def test_console_script_help_lists_examples() -> None:
     )
     assert result.returncode == 0
     assert "examples:" in result.stdout and "exit codes" in result.stdout
+
+
+def test_max_batch_with_a_plan_is_larger(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "max-batch",
+        SPEC,
+        "--budget",
+        BUDGET,
+        "--optimizer",
+        "none",
+        "--solver",
+        "greedy",
+        "--max-batch",
+        "2048",
+        "--json",
+    )
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert data["with_plan"] > data["without_checkpointing"] >= 1
+    fits = {batch: (keep, planned) for batch, keep, planned in data["probes"]}
+    assert fits[data["with_plan"]][1] and fits[data["without_checkpointing"]][0]
