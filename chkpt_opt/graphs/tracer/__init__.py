@@ -64,12 +64,52 @@ def trace_model(
             "%s is in eval mode; tracing it as is (call model.train() to plan training)",
             type(model).__name__,
         )
+    _warn_autocast_cache(model)
     captured = capture(model, args, kwargs, method=method)
     graph = build_cost_graph(captured, name=name or type(model).__name__, progress=progress)
+    _warn_opaque_spans(graph)
     if profile_times:
         _apply_measured_times(graph, captured)
     check_graph(graph)
     return Traced(graph=graph, captured=captured, args=args, kwargs=kwargs)
+
+
+def _warn_autocast_cache(model: torch.nn.Module) -> None:
+    """Warns that autocast's weight cache, which the cost graph does not see, is on.
+
+    Under ``torch.autocast(cache_enabled=True)`` (the default) the low-precision copies of
+    the parameters stay cached until autocast exits, so a step planned in that context can
+    take up to their size more than the plan says.
+    """
+    devices = [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+    if not devices or not torch.is_autocast_cache_enabled():
+        return
+    itemsize = torch.get_autocast_dtype(devices[0]).itemsize
+    cached = sum(
+        p.numel() * itemsize
+        for p in model.parameters()
+        if p.requires_grad and p.dtype.is_floating_point and p.dtype.itemsize > itemsize
+    )
+    log.warning(
+        "tracing under torch.autocast with its weight cache on: the cached low-precision "
+        "copies of the parameters (up to %d bytes) are not in the plan, so the step can take "
+        "that much more than planned; use torch.autocast(..., cache_enabled=False) to train "
+        "as planned",
+        cached,
+    )
+
+
+def _warn_opaque_spans(graph: CostGraph) -> None:
+    """Warns about autocast blocks inside forward, which torch.export keeps as one op."""
+    spans = [n for n, a in graph.nodes(data=True) if "wrap_with_autocast" in a["op"]]
+    if spans:
+        log.warning(
+            "%d torch.autocast block(s) inside forward (%s) are single ops in the plan: nothing "
+            "inside them is recomputed separately, and their backward is estimated as one "
+            "step (conservatively)",
+            len(spans),
+            ", ".join(spans[:3]),
+        )
 
 
 def trace(

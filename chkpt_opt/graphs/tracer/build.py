@@ -137,8 +137,8 @@ class _Builder:
                         except Exception as err:
                             raise TraceError(
                                 f"op {op_name(node, self.gm)!r} (node {node.name!r}) cannot run on "
-                                f"fake tensors: {type(err).__name__}: {str(err)[:300]}. Ops with "
-                                "data-dependent output shapes are not supported."
+                                f"fake tensors: {type(err).__name__}: {str(err)[:300]}. "
+                                f"{_fake_failure_reason(err)}"
                             ) from err
         finally:
             torch.set_grad_enabled(grad_before)
@@ -636,6 +636,36 @@ def _full_buffer_reduction(
     if reduction == 0 or not isinstance(value, torch.Tensor):
         return
     result.group_bytes[0] = max(result.group_bytes[0], dense_bytes(value))
+
+
+def _fake_failure_reason(err: Exception) -> str:
+    """Why an op cannot run on fake tensors, in words, with what to do."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    if isinstance(err, DynamicOutputShapeException):
+        return (
+            "Its output shape depends on tensor values (nonzero, masked_select, unique, "
+            "boolean indexing...), which chkpt_opt cannot size: use a fixed-size form "
+            "(torch.where, a mask, topk with a fixed k)."
+        )
+    if isinstance(err, DataDependentOutputException):
+        return (
+            "It reads a tensor's value into Python (.item(), float(), int(), bool(), .tolist(); "
+            "batch norm with momentum=None does this), which chkpt_opt cannot trace: keep the "
+            "value a tensor, or set a fixed momentum."
+        )
+    text = str(err).lower()
+    no_kernel = ("fake impl", "meta kernel", "meta implementation", "meta function")
+    if isinstance(err, UnsupportedOperatorException) or any(k in text for k in no_kernel):
+        return (
+            "The op has no fake-tensor (meta) kernel, which chkpt_opt needs to size it: "
+            "register one (torch.library.register_fake)."
+        )
+    return "Its inputs or shapes do not fit the op, or its result depends on tensor values."
 
 
 def build_cost_graph(

@@ -145,6 +145,8 @@ def capture(
                 raise TraceError(_advice(errors)) from err
     try:
         captured = _capture_fx(model, args, kwargs)
+    except TraceError as err:  # it says what to do itself
+        raise TraceError(" | ".join([*errors, f"torch.fx: {err}"])) from err
     except Exception as err:
         errors.append(f"torch.fx.symbolic_trace failed: {_first_lines(err)}")
         raise TraceError(_advice(errors)) from err
@@ -218,9 +220,48 @@ def _check_outputs(exported: Any) -> None:
             )
 
 
+def _modes() -> tuple[bool, ...]:
+    """Grad mode and autocast state: what torch.fx records nothing of."""
+    autocast = (torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
+    return (torch.is_grad_enabled(), *autocast)
+
+
+class _ModeCheckingTracer(torch.fx.Tracer):
+    """A symbolic tracer that refuses ops recorded under another grad or autocast mode.
+
+    ``torch.fx`` runs ``with torch.no_grad():`` / ``torch.autocast(...)`` blocks of
+    ``forward`` while tracing but records nothing of them, so the traced module would
+    compute gradients through a no-grad span, or in float32 where the model computes in
+    bfloat16: a silently different model. torch.export keeps such spans; fx cannot.
+    """
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
+        self._start_modes = _modes()
+        return super().trace(root, concrete_args)
+
+    def create_node(self, kind: str, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = super().create_node(kind, target, *args, **kwargs)
+        if kind not in ("placeholder", "get_attr", "output") and _modes() != self._start_modes:
+            grad, *autocast = _modes()
+            what = (
+                f"grad mode {'enabled' if grad else 'disabled'}"
+                if grad != self._start_modes[0]
+                else "autocast " + ("enabled" if any(autocast) else "disabled")
+            )
+            raise TraceError(
+                f"op {node.name!r} (target {str(target)[:60]}) runs with {what} inside "
+                "forward, which torch.fx cannot record: the traced module would compute other "
+                "values or gradients than the model. Trace with torch.export "
+                "(tracer='export'), or move the no_grad/autocast block out of forward()."
+            )
+        return node
+
+
 def _capture_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
     def make() -> torch.fx.GraphModule:
-        return torch.fx.symbolic_trace(model)
+        tracer = _ModeCheckingTracer()
+        graph = tracer.trace(model)
+        return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
 
     module = make()
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
