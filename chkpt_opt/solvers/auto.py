@@ -1,12 +1,33 @@
-"""``solver="auto"``: the best schedule the available solvers find within the time limit."""
+"""``solver="auto"``: the exact solver that fits the graph, after the cheap heuristics.
+
+Keep-all first (optimal whenever it fits), then the heuristics in ``solvers`` (cheap, and a
+fallback), then the exact solver that fits the graph and the time limit:
+
+* ``enumerate`` when the graph has at most ``enumerate_max_schedules`` valid schedules;
+* ``hierarchical`` when the graph has more allowed cuts than CP-SAT solves flat
+  (``flat_max_positions``) and is made of repeated blocks (feasible, not proven optimal: it
+  keeps regions inside blocks); ``cpsat`` if it refuses the graph;
+* ``cpsat`` otherwise (over a candidate subset of cuts on very large graphs, then never
+  reported optimal).
+
+The exact solvers warm-start from greedy. The best result wins (cheapest that fits, else
+lowest peak); its status is honest: ``optimal`` only when proven (a result that meets the
+best proven bound of any solver counts), ``feasible`` with the best bound otherwise.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
+from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.schedule import cut_positions
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
+from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.enumerate import count_schedules
+from chkpt_opt.solvers.interval_solve import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.registry import get_solver, register
 
 
@@ -18,41 +39,103 @@ def best_result(results: list[SolveResult]) -> SolveResult:
     return min(results, key=lambda r: (r.peak_bytes, r.objective))
 
 
-@register("auto", "keep everything if it fits, else the best of the available solvers")
+def pick_exact(
+    graph: CostGraph, *, enumerate_max_schedules: int, flat_max_positions: int | None
+) -> list[str]:
+    """The exact solvers that fit ``graph``, best first (see the module docstring); the next
+    one runs only if the first refuses the graph."""
+    if count_schedules(graph) <= enumerate_max_schedules:
+        return ["enumerate"]
+    n_cuts = sum(cut_positions(graph)) - 2
+    if flat_max_positions is not None and n_cuts > flat_max_positions and find_blocks(graph):
+        return ["hierarchical", "cpsat"]
+    return ["cpsat"]
+
+
+@register("auto", "keep-all if it fits, else the heuristics and the exact solver that fits")
 @dataclass(frozen=True)
 class AutoSolver:
-    """Tries the solvers in order and keeps the best result, with an honest status."""
+    """Heuristics, then the exact solver that fits; the best result with an honest status.
+
+    Attributes:
+        solvers: the cheap solvers tried first, in order (stopping at a proven optimum).
+        exact: also run the exact solver that fits the graph (``pick_exact``).
+        enumerate_max_schedules: graphs with at most this many schedules are enumerated.
+        flat_max_positions: above this many allowed cuts, repeated-block graphs go to the
+            hierarchical solver.
+        default_time_limit_s: time limit of the exact solver when none is given.
+    """
 
     solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
+    exact: bool = True
+    enumerate_max_schedules: int = 2000
+    flat_max_positions: int | None = DEFAULT_MAX_POSITIONS
+    default_time_limit_s: float = 60.0
     name: str = "auto"
 
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
         start = time.perf_counter()
+        limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         results: list[SolveResult] = []
-        for name in self.solvers:
-            remaining = (
-                None
-                if time_limit_s is None
-                else max(0.0, time_limit_s - (time.perf_counter() - start))
+        stages: list[list[str]] = [[name] for name in self.solvers]
+        if self.exact:
+            stages.append(
+                pick_exact(
+                    graph,
+                    enumerate_max_schedules=self.enumerate_max_schedules,
+                    flat_max_positions=self.flat_max_positions,
+                )
             )
-            result = get_solver(name)(graph, budget_bytes, time_limit_s=remaining)
+        errors: dict[str, str] = {}
+        for stage in stages:
+            result = None
+            for name in stage:  # the first solver of the stage that accepts the graph
+                remaining = max(0.0, limit - (time.perf_counter() - start))
+                try:
+                    result = get_solver(name)(graph, budget_bytes, time_limit_s=remaining)
+                    break
+                except SolverError as err:
+                    errors[name] = str(err)
+            if result is None:
+                continue
             results.append(result)
-            if result.status == SolveStatus.OPTIMAL:
+            if result.status == SolveStatus.OPTIMAL or (
+                result.status == SolveStatus.INFEASIBLE and _proven_infeasible(result)
+            ):
                 break
+        if not results:
+            raise SolverError(f"no solver could run on this graph: {errors}")
         best = best_result(results)
+        bounds = [r.bound for r in results if r.bound is not None]
+        bound = max(bounds) if bounds and best.feasible else best.bound
+        status = best.status
+        if status == SolveStatus.FEASIBLE and bound is not None and best.objective <= bound + 1e-12:
+            status = SolveStatus.OPTIMAL
+        if status == SolveStatus.INFEASIBLE and not any(_proven_infeasible(r) for r in results):
+            timed_out = any(r.status == SolveStatus.TIMED_OUT for r in results)
+            status = SolveStatus.TIMED_OUT if timed_out else status
         stats = dict(best.stats)
         stats["tried"] = {r.solver: r.status.value for r in results}
         stats["chosen"] = best.solver
-        return SolveResult(
-            schedule=best.schedule,
-            status=best.status,
-            objective=best.objective,
-            bound=best.bound,
-            peak_bytes=best.peak_bytes,
+        if errors:
+            stats["errors"] = errors
+        return dataclasses.replace(
+            best,
+            status=status,
+            bound=bound if status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE) else None,
             budget_bytes=budget_bytes,
             solver=self.name,
             solve_s=time.perf_counter() - start,
             stats=stats,
         )
+
+
+def _proven_infeasible(result: SolveResult) -> bool:
+    """Whether an infeasible result comes with a proof (exact solvers on a complete model)."""
+    if result.solver == "enumerate":
+        return bool(result.stats.get("complete"))
+    if result.solver in ("cpsat", "milp", "hierarchical"):
+        return bool(result.stats.get("complete_model")) and "min_feasible_bytes" in result.stats
+    return False

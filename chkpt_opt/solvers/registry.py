@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,12 @@ def get_solver(name: str | Solver, **settings: Any) -> Solver:
     if not isinstance(name, str):
         return name
     _load_builtin()
+    if name in _UNAVAILABLE:
+        raise SolverError(
+            f"solver {name!r} needs OR-Tools, which cannot be imported here "
+            f"({_UNAVAILABLE[name]}); install it with `pip install ortools`, or use "
+            "'greedy' or 'sqrt'."
+        )
     try:
         factory = _REGISTRY[name]
     except KeyError:
@@ -64,6 +71,29 @@ def get_solver(name: str | Solver, **settings: Any) -> Solver:
         ) from None
 
 
+_BUILTIN = (
+    "keep_all",
+    "greedy",
+    "sqrt",
+    "enumerate",
+    "auto",
+    "cpsat",
+    "milp",
+    "lp_round",
+    "hierarchical",
+)
+_UNAVAILABLE: dict[str, str] = {}
+
+
 def _load_builtin() -> None:
-    # Importing the modules registers their solvers.
-    from chkpt_opt.solvers import auto, greedy, keep_all, sqrt  # noqa: F401
+    # Importing the modules registers their solvers. The exact solvers need OR-Tools; on a
+    # machine without it they are reported unavailable and the others still work.
+    for module in _BUILTIN:
+        if module in _REGISTRY or module in _UNAVAILABLE:
+            continue
+        try:
+            importlib.import_module(f"chkpt_opt.solvers.{module}")
+        except ImportError as err:
+            if "ortools" not in str(err):
+                raise
+            _UNAVAILABLE[module] = str(err)

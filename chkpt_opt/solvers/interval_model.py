@@ -1,0 +1,530 @@
+"""The interval model: what an integer program needs to know about a graph's keep-set schedules.
+
+A keep-set schedule is a set of disjoint recompute regions, each an interval ``[a, b)`` of the
+execution order whose ends are allowed cut positions. This module precomputes, from the graph
+alone and following the rules of :mod:`chkpt_opt.lowering` exactly, everything the memory and
+compute of such a schedule depend on, so that a schedule becomes a choice of intervals and its
+memory a linear function of that choice:
+
+* **slots**: a fixed timeline shared by every schedule: the forward steps, ``bwd_start``, then
+  for each backward op (reverse order) a ``recompute`` slot (only for ops that can trigger a
+  replay), its ``bwd`` slot and its ``accumulate`` slot (where it has one). Every step of a
+  lowered schedule maps to one slot; the recompute steps of a replay map to the recompute slot
+  of the trigger, whose bytes are the peak over those steps.
+* **intervals**: every candidate region with its recompute cost (the forward time of the ops
+  its replay runs, :func:`chkpt_opt.lowering.replayed_ops`: from its start up to its last op
+  with ``n_saved > 0``, that op included only if it saves one of its own storages; a region is
+  replayed only if it has a trigger, an op with ``n_saved > 0`` and a backward), the slot of
+  its replay, the peak bytes of that replay, the recomputed storages it holds after the
+  replay, and its *release*: the slot until which it keeps its inputs (the latest
+  ``kept_until`` of its packers; its last forward op when it has none).
+* **lifetimes**: every forward storage whose end depends on the schedule. It lives from its
+  allocation to at least its ``fixed_end`` (last forward reader, or the end for step outputs),
+  and longer when a *holder* holds it: a saver outside every region until its backward; a
+  saver or reader inside a region that does not contain the storage's owner until the
+  region's release. The possible ends form a short sorted list ``ends``.
+* **base bytes**: what does not depend on the schedule: gradients and parameter gradients
+  (taken from the lowering of the keep-all schedule, which places them identically for every
+  schedule), transients of forward, backward and accumulate steps, and the fixed part of every
+  forward storage's life.
+
+The memory at slot ``s`` under a choice of intervals is then::
+
+    base[s] + sum over lifetimes alive past fixed_end at s of size
+            + sum over chosen intervals of replay_peak (at the replay slot)
+              and held_after_replay bytes (after it)
+
+:meth:`IntervalModel.slot_bytes` evaluates it; the integer programs state it as constraints.
+:func:`simulator_slot_bytes` maps a simulated timeline onto the slots, so the two can be
+compared (the tests do, on many random schedules).
+
+On large graphs the candidate intervals can be restricted to boundaries in a subset of the
+cut positions (``positions``), or kept inside segments (``segments``, for the hierarchical
+solver); the model is then exact for the schedules whose regions obey the restriction, and
+``complete`` is False.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from chkpt_opt.errors import ScheduleError, SolverError
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
+from chkpt_opt.lowering import lower, replayed_ops
+from chkpt_opt.schedule import Schedule, cut_positions
+from chkpt_opt.simulate import MemoryProfile
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A candidate recompute region ``[start, stop)`` and what choosing it costs.
+
+    Attributes:
+        start: index of its first op.
+        stop: one past the index of its last op.
+        cost_s: recompute time (0 when it has no trigger and is never replayed).
+        replay_slot: slot of its replay, or None when it is never replayed.
+        release_slot: last slot at which the region still holds its inputs.
+        replay_peak_bytes: peak of the replay's own storages and transients over its steps.
+        held_after_replay: ``(last slot, bytes)`` of recomputed storages that outlive the
+            replay; they are alive from ``replay_slot + 1`` to ``last slot``.
+    """
+
+    start: int
+    stop: int
+    cost_s: float
+    replay_slot: int | None
+    release_slot: int
+    replay_peak_bytes: int
+    held_after_replay: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One op that may extend the life of a forward storage.
+
+    Attributes:
+        node: index of the op.
+        outside_end: last slot the op holds the storage when it lies outside every region (it
+            saves it), or None when it then holds it no longer than its forward step.
+        region_ends: ``(interval id, last slot)`` for every candidate interval that contains the
+            op but not the storage's owner: the region holds the storage until its release.
+    """
+
+    node: int
+    outside_end: int | None
+    region_ends: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """A forward storage whose last slot depends on the schedule.
+
+    Attributes:
+        storage: the storage id.
+        size_bytes: its bytes.
+        alloc_slot: slot of the forward step that allocates it.
+        fixed_end: last slot it is alive under every schedule.
+        ends: the possible later last slots, sorted; each > ``fixed_end``.
+        holders: the ops whose place in the schedule decides how long it lives.
+    """
+
+    storage: str
+    size_bytes: int
+    alloc_slot: int
+    fixed_end: int
+    ends: tuple[int, ...]
+    holders: tuple[Holder, ...]
+
+    def end_index(self, slot: int) -> int | None:
+        """Index ``k`` of the smallest end ``>= slot`` (alive at ``slot`` iff held to
+        ``ends[k]``), or None when no end reaches ``slot``."""
+        for k, end in enumerate(self.ends):
+            if end >= slot:
+                return k
+        return None
+
+
+@dataclass(frozen=True)
+class IntervalModel:
+    """The precomputed interval model of one graph (see the module docstring).
+
+    Attributes:
+        n_ops: number of ops.
+        nodes: node names in execution order.
+        positions: the cut positions candidate intervals start and stop at (sorted, 0 and
+            ``n_ops`` included).
+        slots: ``(kind, node)`` of every slot.
+        end_slot: ``len(slots)``: a storage held "to the end" has this last slot.
+        intervals: the candidate intervals, sorted by ``(start, stop)``.
+        lifetimes: forward storages with schedule-dependent ends.
+        base_bytes: schedule-independent bytes at every slot.
+        complete: whether ``positions`` holds every allowed cut position and no segment
+            bound restricts the intervals (then the model is exact for the whole schedule
+            model).
+        total_fwd_s: forward time of all ops (no schedule recomputes more).
+    """
+
+    n_ops: int
+    nodes: tuple[str, ...]
+    positions: tuple[int, ...]
+    slots: tuple[tuple[str, str], ...]
+    end_slot: int
+    intervals: tuple[Interval, ...]
+    lifetimes: tuple[Lifetime, ...]
+    base_bytes: tuple[int, ...]
+    complete: bool
+    total_fwd_s: float
+
+    @property
+    def n_slots(self) -> int:
+        """Number of slots."""
+        return len(self.slots)
+
+    def interval_ids(self, spans: Iterable[tuple[int, int]]) -> list[int]:
+        """Ids of the candidate intervals with the given ``[start, stop)`` spans.
+
+        Raises:
+            ScheduleError: for a span that is not a candidate interval of this model.
+        """
+        index = {(iv.start, iv.stop): k for k, iv in enumerate(self.intervals)}
+        ids = []
+        for span in spans:
+            if span not in index:
+                raise ScheduleError(
+                    f"region span {span} is not a candidate interval of the model (its ends "
+                    f"must lie in the model's cut positions {list(self.positions)[:12]}...); "
+                    "build the model with positions=None to allow every valid cut."
+                )
+            ids.append(index[span])
+        return ids
+
+    def schedule(self, graph: CostGraph, chosen: Iterable[int]) -> Schedule:
+        """The schedule whose regions are the chosen intervals."""
+        spans = sorted((self.intervals[k].start, self.intervals[k].stop) for k in chosen)
+        return Schedule.from_spans(graph, spans)
+
+    def cost_s(self, chosen: Iterable[int]) -> float:
+        """Recompute time of the chosen intervals."""
+        return sum(self.intervals[k].cost_s for k in chosen)
+
+    def lifetime_ends(self, chosen: Iterable[int]) -> list[int]:
+        """The last slot of every lifetime under the chosen intervals."""
+        chosen = list(chosen)
+        containing: dict[int, int] = {}
+        for k in chosen:
+            iv = self.intervals[k]
+            for i in range(iv.start, iv.stop):
+                containing[i] = k
+        ends = []
+        for life in self.lifetimes:
+            end = life.fixed_end
+            for holder in life.holders:
+                k = containing.get(holder.node)
+                if k is None:
+                    if holder.outside_end is not None:
+                        end = max(end, holder.outside_end)
+                    continue
+                for kk, region_end in holder.region_ends:
+                    if kk == k:
+                        end = max(end, region_end)
+                        break
+            ends.append(end)
+        return ends
+
+    def slot_bytes(self, chosen: Iterable[int]) -> list[int]:
+        """Bytes alive at every slot under the chosen intervals (exact, no relaxation)."""
+        chosen = list(chosen)
+        total = list(self.base_bytes)
+        for life, end in zip(self.lifetimes, self.lifetime_ends(chosen)):
+            for s in range(life.fixed_end + 1, min(end, self.end_slot - 1) + 1):
+                total[s] += life.size_bytes
+        for k in chosen:
+            iv = self.intervals[k]
+            if iv.replay_slot is None:
+                continue
+            total[iv.replay_slot] += iv.replay_peak_bytes
+            for last, nbytes in iv.held_after_replay:
+                for s in range(iv.replay_slot + 1, min(last, self.end_slot - 1) + 1):
+                    total[s] += nbytes
+        return total
+
+    def peak_bytes(self, chosen: Iterable[int]) -> int:
+        """Peak of :meth:`slot_bytes`."""
+        return max(self.slot_bytes(chosen), default=0)
+
+
+def simulator_slot_bytes(model: IntervalModel, profile: MemoryProfile) -> list[int | None]:
+    """Maps a simulated timeline onto the model's slots: the largest ``during_bytes`` of the
+    steps of each slot, None for a slot no step maps to (a recompute slot with no replay).
+
+    Raises:
+        SolverError: if the timeline does not fit the slots (a model bug).
+    """
+    index = {key: s for s, key in enumerate(model.slots)}
+    result: list[int | None] = [None] * model.n_slots
+    pending: list[int] = []
+    for point in profile.timeline:
+        if point.kind == "recompute":
+            pending.append(point.during_bytes)
+            continue
+        key = (point.kind, point.node)
+        if key not in index:
+            raise SolverError(f"simulator step {key} has no slot in the interval model.")
+        s = index[key]
+        if pending:
+            rec = index.get(("recompute", point.node))
+            if point.kind != "bwd" or rec is None:
+                raise SolverError(f"recompute steps before {key} have no recompute slot.")
+            result[rec] = max(pending)
+            pending = []
+        result[s] = point.during_bytes
+    return result
+
+
+def build_interval_model(
+    graph: CostGraph,
+    *,
+    positions: Sequence[int] | None = None,
+    segments: Sequence[int] = (),
+) -> IntervalModel:
+    """Precomputes the interval model of ``graph``.
+
+    Args:
+        graph: the cost graph.
+        positions: cut positions that candidate intervals may start and stop at; None means
+            every allowed cut position (the exact model). Invalid positions are refused.
+        segments: positions no interval may cross (an interval may start or stop there);
+            used by the hierarchical solver to keep regions inside blocks.
+
+    Raises:
+        SolverError: if ``positions`` holds a position that is not an allowed cut.
+    """
+    return _Builder(graph, positions, segments).build()
+
+
+class _Builder:
+    """Builds an :class:`IntervalModel` (one pass per quantity, mirroring lowering.py)."""
+
+    def __init__(
+        self, graph: CostGraph, positions: Sequence[int] | None, segments: Sequence[int]
+    ) -> None:
+        self.graph = graph
+        self.nodes = graph.nodes
+        self.order = ordered_nodes(graph)
+        self.n = len(self.order)
+        ok = cut_positions(graph)
+        allowed = [p for p in range(self.n + 1) if ok[p]]
+        if positions is None:
+            chosen = allowed
+        else:
+            bad = sorted(set(positions) - set(allowed))
+            if bad:
+                raise SolverError(
+                    f"cut positions {bad[:8]} are not allowed cuts of graph "
+                    f"{graph.graph.get('name', '')!r}; pick positions p with "
+                    "cut_positions(graph)[p] True."
+                )
+            chosen = sorted({0, self.n, *positions})
+        self.positions = tuple(chosen)
+        self.bounds = sorted(set(segments))
+        self.complete = len(self.positions) == len(allowed) and not any(
+            0 < p < self.n for p in self.bounds
+        )
+        self.owner = storage_owners(graph)
+        self.refs = {v: storage_refs(graph, v) for v in self.order}
+        self.idx = {v: i for i, v in enumerate(self.order)}
+        self.preds = [sorted(self.idx[u] for u in graph.predecessors(v)) for v in self.order]
+        self.owner_idx = {sid: self.idx[o] for sid, o in self.owner.items()}
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _slots(self) -> None:
+        """Slots from the keep-all lowering, with a recompute slot before every op that can
+        trigger a replay; also the schedule-independent gradient and transient bytes."""
+        nodes = self.nodes
+        steps = lower(self.graph, Schedule())
+        slots: list[tuple[str, str]] = []
+        step_slot: list[int] = []
+        for step in steps:
+            if step.kind == "bwd":
+                attrs = nodes[step.node]
+                if attrs["n_saved"] > 0 and attrs["has_backward"]:
+                    slots.append(("recompute", step.node))
+            step_slot.append(len(slots))
+            slots.append((step.kind, step.node))
+        self.slots = tuple(slots)
+        self.end = len(slots)
+        self.slot_index = {key: s for s, key in enumerate(slots)}
+        self.bwd_slot = {v: s for s, (kind, v) in enumerate(slots) if kind == "bwd"}
+        base = [0] * self.end
+        alloc: dict[str, tuple[int, int]] = {}
+        for position, step in enumerate(steps):
+            s = step_slot[position]
+            base[s] += step.transient_bytes
+            for inst, nbytes in step.alloc:
+                if not inst.startswith("f:"):  # gradients: the same for every schedule
+                    alloc[inst] = (s, nbytes)
+            for inst in step.free:
+                if inst in alloc:
+                    first, nbytes = alloc.pop(inst)
+                    self._add_range(base, first, s, nbytes)
+        for first, nbytes in alloc.values():
+            self._add_range(base, first, self.end - 1, nbytes)
+        self.base = base
+
+    @staticmethod
+    def _add_range(values: list[int], first: int, last: int, nbytes: int) -> None:
+        for s in range(first, last + 1):
+            values[s] += nbytes
+
+    def kept(self, i: int) -> int:
+        """``kept_until`` of op ``i`` as a slot."""
+        return self.bwd_slot.get(self.order[i], self.end)
+
+    # -- intervals -----------------------------------------------------------------------
+
+    def _intervals(self) -> None:
+        nodes = self.nodes
+        n = self.n
+        packer = [nodes[v]["n_saved"] > 0 for v in self.order]
+        trig = [packer[i] and nodes[v]["has_backward"] for i, v in enumerate(self.order)]
+        saver = [bool(nodes[v]["saved"]) for v in self.order]
+        intervals: list[Interval] = []
+        replay_cache: dict[tuple[int, int, int], tuple[int, tuple[tuple[int, int], ...]]] = {}
+        for ai, a in enumerate(self.positions):
+            first_packer = next((i for i in range(a, n) if packer[i]), None)
+            limit = next((p for p in self.bounds if p > a), self.n)
+            for b in self.positions[ai + 1 :]:
+                if b > limit:
+                    break
+                last_packer = next((i for i in range(b - 1, a - 1, -1) if packer[i]), None)
+                trigger = next((i for i in range(b - 1, a - 1, -1) if trig[i]), None)
+                if last_packer is None:
+                    release = b - 1  # fwd slot of the region's last op
+                elif any(packer[i] and not trig[i] for i in range(a, b)):
+                    release = self.end
+                else:
+                    assert first_packer is not None
+                    release = self.kept(first_packer)
+                n_replayed = 0
+                if trigger is not None:
+                    region = tuple(self.order[a:b])
+                    n_replayed = len(replayed_ops(self.graph, region, self.owner))
+                if n_replayed == 0:
+                    intervals.append(Interval(a, b, 0.0, None, release, 0, ()))
+                    continue
+                assert trigger is not None
+                last_replayed = a + n_replayed - 1
+                last_saver = next((i for i in range(b - 1, a - 1, -1) if saver[i]), a)
+                key = (a, last_replayed, last_saver)
+                if key not in replay_cache:
+                    replay_cache[key] = self._replay(a, last_replayed, last_saver)
+                peak, held = replay_cache[key]
+                cost = sum(nodes[self.order[i]]["fwd_time_s"] for i in range(a, last_replayed + 1))
+                replay_slot = self.slot_index[("recompute", self.order[trigger])]
+                intervals.append(Interval(a, b, cost, replay_slot, release, peak, held))
+        self.intervals = intervals
+
+    def _replay(
+        self, a: int, last: int, last_saver: int
+    ) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """Peak bytes of the replay of ops ``a..last`` and what outlives it.
+
+        Savers up to ``last_saver`` hold the recomputed storages of owners inside the region
+        until their ``kept_until``.
+        """
+        nodes = self.nodes
+        steps = range(a, last + 1)
+        size: dict[str, int] = {}
+        born: dict[str, int] = {}
+        last_read: dict[str, int] = {}
+        for i in steps:
+            attrs = nodes[self.order[i]]
+            for sid, nbytes in attrs["outputs"].items():
+                size[sid], born[sid] = nbytes, i
+            for sid, nbytes in attrs["saved"].items():
+                if self.owner_idx[sid] == i and sid not in attrs["outputs"]:
+                    size[sid], born[sid] = nbytes, i
+            for u in self.preds[i]:
+                for sid in self.refs[self.order[u]]:
+                    if a <= self.owner_idx[sid] <= last:
+                        last_read[sid] = max(last_read.get(sid, i), i)
+        held: dict[str, int] = {}
+        for i in range(a, last_saver + 1):
+            for sid in nodes[self.order[i]]["saved"]:
+                if self.owner_idx[sid] >= a and sid in size:
+                    held[sid] = max(held.get(sid, -1), self.kept(i))
+        peak = 0
+        for i in steps:
+            alive = sum(
+                nbytes
+                for sid, nbytes in size.items()
+                if born[sid] <= i and (sid in held or max(born[sid], last_read.get(sid, -1)) >= i)
+            )
+            peak = max(peak, alive + nodes[self.order[i]]["fwd_workspace_bytes"])
+        by_end: dict[int, int] = {}
+        for sid, last in held.items():
+            by_end[last] = by_end.get(last, 0) + size[sid]
+        return peak, tuple(sorted(by_end.items()))
+
+    # -- lifetimes -----------------------------------------------------------------------
+
+    def _lifetimes(self) -> None:
+        nodes = self.nodes
+        outputs = set()
+        for out in self.graph.graph["outputs"]:
+            outputs.update(self.refs[out])
+        size: dict[str, int] = {}
+        alloc: dict[str, int] = {}
+        fixed_end: dict[str, int] = {}
+        saved_by: dict[str, list[int]] = {}
+        read_by: dict[str, list[int]] = {}
+        for i, v in enumerate(self.order):
+            attrs = nodes[v]
+            for sid, nbytes in attrs["outputs"].items():
+                size[sid], alloc[sid], fixed_end[sid] = nbytes, i, i
+            for sid, nbytes in attrs["saved"].items():
+                if self.owner_idx[sid] == i and sid not in attrs["outputs"]:
+                    size[sid], alloc[sid], fixed_end[sid] = nbytes, i, i
+                saved_by.setdefault(sid, []).append(i)
+            for u in self.preds[i]:
+                for sid in self.refs[self.order[u]]:
+                    fixed_end[sid] = max(fixed_end[sid], i)
+                    read_by.setdefault(sid, []).append(i)
+        for sid in outputs:
+            fixed_end[sid] = self.end
+        # Intervals containing each op, by op index.
+        containing: list[list[int]] = [[] for _ in range(self.n)]
+        for k, iv in enumerate(self.intervals):
+            for i in range(iv.start, iv.stop):
+                containing[i].append(k)
+        lifetimes: list[Lifetime] = []
+        base = self.base
+        for sid in sorted(size, key=lambda s: (alloc[s], s)):
+            o = self.owner_idx[sid]
+            fixed = fixed_end[sid]
+            self._add_range(base, alloc[sid], min(fixed, self.end - 1), size[sid])
+            if fixed >= self.end:
+                continue
+            savers = set(saved_by.get(sid, ()))
+            holders = []
+            ends: set[int] = set()
+            for i in sorted(savers | set(read_by.get(sid, ()))):
+                outside = self.kept(i) if i in savers else None
+                if outside is not None and outside <= fixed:
+                    outside = None
+                region_ends = []
+                for k in containing[i]:
+                    iv = self.intervals[k]
+                    if not iv.start <= o < iv.stop and iv.release_slot > fixed:
+                        region_ends.append((k, iv.release_slot))
+                if outside is None and not region_ends:
+                    continue
+                holders.append(Holder(i, outside, tuple(region_ends)))
+                if outside is not None:
+                    ends.add(outside)
+                ends.update(e for _, e in region_ends)
+            if holders:
+                lifetimes.append(
+                    Lifetime(sid, size[sid], alloc[sid], fixed, tuple(sorted(ends)), tuple(holders))
+                )
+        self.lifetimes = lifetimes
+
+    def build(self) -> IntervalModel:
+        self._slots()
+        self._intervals()
+        self._lifetimes()
+        return IntervalModel(
+            n_ops=self.n,
+            nodes=tuple(self.order),
+            positions=self.positions,
+            slots=self.slots,
+            end_slot=self.end,
+            intervals=tuple(self.intervals),
+            lifetimes=tuple(self.lifetimes),
+            base_bytes=tuple(self.base),
+            complete=self.complete,
+            total_fwd_s=sum(self.nodes[v]["fwd_time_s"] for v in self.order),
+        )
