@@ -275,16 +275,22 @@ def plan(
     if not result.feasible:
         lowest = smallest_peak(graph, time_limit_s=time_limit_s)
         minimum = static.resident_bytes + max(lowest.peak_bytes, static.optimizer_phase_bytes)
+        proven = bool(lowest.stats.get("min_feasible_proven"))
+        how = (
+            "the smallest budget any schedule can meet"
+            if proven
+            else ("the smallest budget the available solvers can meet")
+        )
         raise InfeasibleBudgetError(
-            f"budget {parsed.text!r} = {format_bytes(parsed.total_bytes)} is below the smallest "
-            f"budget the available solvers can meet for this model and inputs: "
+            f"budget {parsed.text!r} = {format_bytes(parsed.total_bytes)} is below {how} "
+            "for this model and inputs: "
             f"{format_bytes(minimum)} ({minimum} bytes; "
             f"resident {format_bytes(static.resident_bytes)}"
             f" + forward/backward {format_bytes(lowest.peak_bytes)}). Raise the budget to at least "
             "that, or reduce the batch size.",
             budget_bytes=act,
             min_feasible_bytes=minimum,
-            exact=False,
+            exact=proven,
         )
     profile = simulate(graph, result.schedule)
     made = Plan(

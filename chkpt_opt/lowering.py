@@ -101,8 +101,10 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     rec_pos: dict[str, int] = {}
     bwd_pos: dict[str, int] = {}
     acc_pos: dict[str, int] = {}
-    accumulates: dict[str, list[tuple[str, bool]]] = {}  # op -> (input, summed in place)
+    # op -> (input, summed in place, summed into a new buffer that replaces the caller's seed)
+    accumulates: dict[str, list[tuple[str, bool, bool]]] = {}
     has_grad = {o for o in graph.graph["outputs"] if nodes[o]["has_backward"]}
+    seeded = set(has_grad)  # outputs whose gradient is still the seed the caller holds
     replayed_regions: set[int] = set()
     for n in reversed(order):
         if not nodes[n]["has_backward"]:
@@ -128,9 +130,14 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
             # one more gradient while it runs); fresh gradients of the same backward call
             # are summed in place into one of them.
             in_place = not alias
-            if u in has_grad:
-                accumulates[n].append((u, False))
-            accumulates[n] += [(u, in_place)] * (uses - 1)
+            if u in seeded:
+                # The caller keeps its seed; autograd sums into the fresh incoming gradient,
+                # which then stands as the output's gradient until its backward.
+                accumulates[n].append((u, True, True))
+                seeded.discard(u)
+            elif u in has_grad:
+                accumulates[n].append((u, False, False))
+            accumulates[n] += [(u, in_place, False)] * (uses - 1)
         if accumulates[n]:
             acc_pos[n] = len(kinds)
             kinds.append(("accumulate", n))
@@ -215,16 +222,20 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
             continue
         if kind == "accumulate":
             transient[position] = sum(
-                nodes[u]["grad_bytes"] for u, in_place in accumulates[n] if not in_place
+                nodes[u]["grad_bytes"] for u, in_place, _ in accumulates[n] if not in_place
             )
             continue
         if kind != "bwd":
             continue
         attrs = nodes[n]
-        for j, (u, _) in enumerate(accumulates.get(n, ())):
+        for j, (u, _, into_seed) in enumerate(accumulates.get(n, ())):
             inst = f"g:{u}@{n}#{j}"  # an incoming gradient, summed into the existing one
             alloc_at[inst] = (position, nodes[u]["grad_bytes"])
-            hold(inst, acc_pos[n])
+            if into_seed:
+                grads[u] = [inst]
+                hold(inst, kept_until(u))
+            else:
+                hold(inst, acc_pos[n])
         for u in preds[n]:
             if not nodes[u]["requires_grad"] or grads.get(u):
                 continue

@@ -678,12 +678,6 @@ class OutputReadTwice(nn.Module):
         return h, h.pow(2).mean(), h * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap in lowering.py: a step output that two other ops also read gets its "
-    "seed (held by the caller through backward) plus an accumulated gradient; the "
-    "simulator counts one gradient, so the measured peak exceeds the plan by one gradient",
-)
 def test_output_that_is_also_read_twice_is_planned() -> None:
     model = OutputReadTwice()
     args = (torch.randn(512, 64),)
