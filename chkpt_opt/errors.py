@@ -53,3 +53,12 @@ class ScheduleError(ChkptOptError, ValueError):
 
 class SolverError(ChkptOptError):
     """A solver name is unknown or a solver failed."""
+
+
+def short(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters, so that a hostile file cannot make a
+    megabyte-long error message."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 1]}… ({len(text)} characters)"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chkpt_opt.errors import ScheduleError
+from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 
 SCHEDULE_KIND = "keep_set"
@@ -104,14 +104,14 @@ def check_schedule(graph: CostGraph, schedule: Schedule) -> None:
         for name in region:
             if name not in graph:
                 raise ScheduleError(
-                    f"region {k} names node {name!r}, which is not in graph "
+                    f"region {k} names node {short(name)}, which is not in graph "
                     f"{graph.graph.get('name', '')!r}; was the schedule made for another model?"
                 )
         start = graph.nodes[region[0]]["index"]
         for offset, name in enumerate(region):
             if graph.nodes[name]["index"] != start + offset:
                 raise ScheduleError(
-                    f"region {k} is not a run of consecutive ops: {name!r} is out of place."
+                    f"region {k} is not a run of consecutive ops: {short(name)} is out of place."
                 )
         stop = start + len(region)
         if start < last_stop:

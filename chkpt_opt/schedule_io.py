@@ -12,11 +12,12 @@ Example of the content::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chkpt_opt.errors import ScheduleError
+from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import GraphFormatError, graph_fingerprint, read_json, write_json_atomic
 from chkpt_opt.schedule import Schedule, check_schedule
@@ -46,7 +47,7 @@ class ScheduleFile:
         found = graph_fingerprint(graph)
         if found != self.fingerprint:
             raise ScheduleError(
-                f"this schedule was made for graph {self.graph_name!r} with fingerprint "
+                f"this schedule was made for graph {short(self.graph_name)} with fingerprint "
                 f"{self.fingerprint}, but the graph given has fingerprint {found} "
                 f"({graph.graph.get('name')!r}): another model, or other input shapes. Solve "
                 "again for this model and these shapes."
@@ -83,14 +84,72 @@ def load_schedule(path: str | Path) -> ScheduleFile:
         )
     if data.get("format_version") != SCHEDULE_VERSION:
         raise ScheduleError(
-            f"{where} has format_version {data.get('format_version')!r}; this chkpt_opt reads "
+            f"{where} has format_version {short(data.get('format_version'))}; this chkpt_opt reads "
             f"version {SCHEDULE_VERSION}. Solve again with this version."
         )
     graph = data.get("graph")
     if not isinstance(graph, dict) or not isinstance(graph.get("fingerprint"), str):
         raise ScheduleError(f"{where} lacks the graph it was made for (graph.fingerprint).")
-    schedule = Schedule.from_dict(data.get("schedule"))
+    _check_fields(data, where)
+    try:
+        schedule = Schedule.from_dict(data.get("schedule"))
+    except ScheduleError as err:
+        raise ScheduleError(f"{where}: {err}") from None
     meta = {
         k: v for k, v in data.items() if k not in ("format", "format_version", "graph", "schedule")
     }
     return ScheduleFile(schedule, str(graph.get("name", "")), graph["fingerprint"], meta)
+
+
+_INT_FIELDS = {
+    "budget_bytes": 1,
+    "activation_budget_bytes": 0,
+    "predicted_peak_bytes": 0,
+    "forward_backward_peak_bytes": 0,
+    "resident_bytes": 0,
+}
+_STATUSES = ("optimal", "feasible", "infeasible", "timed_out")
+
+
+def _check_fields(data: dict[str, Any], where: str) -> None:
+    """Checks the recorded fields as ``schemas/schedule-v1.schema.json`` does."""
+
+    def fail(field: str, expected: str) -> ScheduleError:
+        return ScheduleError(
+            f"{where}: field {field!r} must be {expected}, got {short(data_at(field))}."
+        )
+
+    def data_at(field: str) -> Any:
+        value: Any = data
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    graph = data["graph"]
+    if not isinstance(graph.get("name"), str):
+        raise fail("graph.name", "a string")
+    nodes = graph.get("nodes")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0:
+        raise fail("graph.nodes", "an int >= 0")
+    if not re.fullmatch(r"[0-9a-f]{16}", graph["fingerprint"]):
+        raise fail("graph.fingerprint", "16 hexadecimal digits")
+    for field, low in _INT_FIELDS.items():
+        if field in data:
+            value = data[field]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise fail(field, f"an int >= {low}")
+    if "status" in data and data["status"] not in _STATUSES:
+        raise fail("status", f"one of {list(_STATUSES)}")
+    for field in ("objective_s", "bound_s"):
+        value = data.get(field)
+        if value is None and (field == "bound_s" or field not in data):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise fail(field, "a number >= 0")
+    for field in ("solver", "torch_version", "chkpt_opt_version"):
+        if field in data and not isinstance(data[field], str):
+            raise fail(field, "a string")
+    schedule = data.get("schedule")
+    if isinstance(schedule, dict) and set(schedule) - {"kind", "regions"}:
+        extra = sorted(set(schedule) - {"kind", "regions"})
+        raise ScheduleError(f"{where}: field 'schedule' has unknown keys {short(extra)}.")

@@ -512,11 +512,6 @@ def test_command_line_exits_2_on_hostile_files_in_a_fresh_process(
 # ---- known gaps (outside the loaders' current checks) -------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap in graphs/io.py read_json: json keeps the last of duplicate keys "
-    "silently; a file with two 'format_version' (or two values of a node attribute) loads",
-)
 @pytest.mark.parametrize("kind", ["graph", "schedule"])
 def test_duplicate_keys_are_refused(valid_files: dict, workdir: Path, kind: str) -> None:
     _, gpath, spath = valid_files["hand"]
@@ -557,23 +552,10 @@ def test_schedule_files_that_break_the_published_schema_are_refused(
         jsonschema.validate(data, schema)
     path = workdir / "schema.schedule.json"
     path.write_text(json.dumps(data), encoding="utf-8")
-    request.applymarker(
-        pytest.mark.xfail(
-            strict=True,
-            reason="known gap in schedule_io.load_schedule: the recorded fields (budget, "
-            "status, graph name/nodes/fingerprint, extra keys) are not checked against the "
-            "published schema",
-        )
-    )
     with pytest.raises(ScheduleError):
         load_schedule(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap in graphs/costgraph.py check_graph and schedule_io: error messages "
-    "repeat an offending value or node name in full, so a 1 MB value makes a 1 MB message",
-)
 @pytest.mark.parametrize("where", ["node attribute", "schedule version"])
 def test_error_messages_stay_short_for_huge_values(
     valid_files: dict, workdir: Path, where: str

@@ -61,7 +61,7 @@ from typing import Any
 
 import networkx as nx
 
-from chkpt_opt.errors import GraphFormatError
+from chkpt_opt.errors import GraphFormatError, short
 
 CostGraph = nx.DiGraph
 """Type alias: a CostGraph is a plain ``networkx.DiGraph`` with the attributes above."""
@@ -278,19 +278,19 @@ def check_graph(graph: CostGraph) -> None:
     version = graph.graph.get("format_version")
     if version != FORMAT_VERSION:
         raise _fail(
-            f"cost graph format_version {version!r} is not supported (this chkpt_opt reads "
+            f"cost graph format_version {short(version)} is not supported (this chkpt_opt reads "
             f"version {FORMAT_VERSION}); regenerate it with `chkpt-opt trace`."
         )
     for key in _GRAPH_INT_ATTRS:
-        _check_int(graph.graph.get(key), f"graph attribute {key!r}", MAX_BYTES)
+        _check_int(graph.graph.get(key), f"graph attribute {short(key)}", MAX_BYTES)
     for key in ("name", "device_type", "tracer", "torch_version", "cost_model"):
         if not isinstance(graph.graph.get(key), str):
-            raise _fail(f"graph attribute {key!r} must be a string.")
+            raise _fail(f"graph attribute {short(key)} must be a string.")
     if not isinstance(graph.graph.get("outputs"), list):
         raise _fail("graph attribute 'outputs' must be a list of node names.")
     for out in graph.graph["outputs"]:
         if out not in graph:
-            raise _fail(f"graph output {out!r} is not a node of the graph.")
+            raise _fail(f"graph output {short(out)} is not a node of the graph.")
     if not nx.is_directed_acyclic_graph(graph):
         cycle = nx.find_cycle(graph)
         raise _fail(f"a CostGraph must be acyclic; found the cycle {cycle}.")
@@ -298,73 +298,87 @@ def check_graph(graph: CostGraph) -> None:
     indices = []
     for node, attrs in graph.nodes(data=True):
         if not isinstance(node, str):
-            raise _fail(f"node keys must be strings, got {node!r}.")
+            raise _fail(f"node keys must be strings, got {short(node)}.")
         missing = [k for k in NODE_ATTRS if k not in attrs]
         if missing:
-            raise _fail(f"node {node!r} lacks attributes {missing}.")
+            raise _fail(f"node {short(node)} lacks attributes {missing}.")
         for key in _INT_ATTRS:
             bound = MAX_FLOPS if key.endswith("flops") else MAX_BYTES
-            _check_int(attrs[key], f"node {node!r} attribute {key!r}", bound)
+            _check_int(attrs[key], f"node {short(node)} attribute {short(key)}", bound)
         for key in _FLOAT_ATTRS:
             value = attrs[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise _fail(f"node {node!r} attribute {key!r} must be a number, got {value!r}.")
+                raise _fail(
+                    f"node {short(node)} attribute {short(key)} must be a number, "
+                    f"got {short(value)}."
+                )
             if not math.isfinite(value) or value < 0:
-                raise _fail(f"node {node!r} attribute {key!r} must be finite and >= 0.")
+                raise _fail(f"node {short(node)} attribute {short(key)} must be finite and >= 0.")
         for key in _BOOL_ATTRS:
             if not isinstance(attrs[key], bool):
-                raise _fail(f"node {node!r} attribute {key!r} must be a bool.")
+                raise _fail(f"node {short(node)} attribute {short(key)} must be a bool.")
         for key in _STR_ATTRS:
             if not isinstance(attrs[key], str):
-                raise _fail(f"node {node!r} attribute {key!r} must be a string.")
+                raise _fail(f"node {short(node)} attribute {short(key)} must be a string.")
         for key in ("outputs", "saved"):
             table = attrs[key]
             if not isinstance(table, dict):
-                raise _fail(f"node {node!r} attribute {key!r} must map storage ids to bytes.")
+                raise _fail(
+                    f"node {short(node)} attribute {short(key)} must map storage ids to bytes."
+                )
             for sid, nbytes in table.items():
                 if not isinstance(sid, str):
-                    raise _fail(f"node {node!r} {key} has a non-string storage id {sid!r}.")
-                _check_int(nbytes, f"node {node!r} {key}[{sid!r}]", MAX_BYTES)
+                    raise _fail(
+                        f"node {short(node)} {key} has a non-string storage id {short(sid)}."
+                    )
+                _check_int(nbytes, f"node {short(node)} {key}[{short(sid)}]", MAX_BYTES)
         if not isinstance(attrs["aliases"], list) or not all(
             isinstance(s, str) for s in attrs["aliases"]
         ):
-            raise _fail(f"node {node!r} attribute 'aliases' must be a list of storage ids.")
+            raise _fail(f"node {short(node)} attribute 'aliases' must be a list of storage ids.")
         if attrs["output_bytes"] != sum(attrs["outputs"].values()):
-            raise _fail(f"node {node!r}: output_bytes differs from the sum of its outputs.")
+            raise _fail(f"node {short(node)}: output_bytes differs from the sum of its outputs.")
         if attrs["saved_bytes"] != sum(attrs["saved"].values()):
-            raise _fail(f"node {node!r}: saved_bytes differs from the sum of its saved storages.")
+            raise _fail(
+                f"node {short(node)}: saved_bytes differs from the sum of its saved storages."
+            )
         indices.append(attrs["index"])
     if sorted(indices) != list(range(graph.number_of_nodes())):
         raise _fail("node indices must be 0..n-1, each used once.")
     for u, v, attrs in graph.edges(data=True):
         if graph.nodes[u]["index"] >= graph.nodes[v]["index"]:
-            raise _fail(f"edge {u!r} -> {v!r} goes against the execution order.")
+            raise _fail(f"edge {short(u)} -> {short(v)} goes against the execution order.")
         uses = attrs.get("uses", 1)
         if isinstance(uses, bool) or not isinstance(uses, int) or not 1 <= uses <= 1 << 20:
-            raise _fail(f"edge {u!r} -> {v!r} attribute 'uses' must be an int >= 1, got {uses!r}.")
+            raise _fail(
+                f"edge {short(u)} -> {short(v)} attribute 'uses' must be an int >= 1, "
+                f"got {short(uses)}."
+            )
 
     defined: set[str] = set()
     for node in ordered_nodes(graph):
         attrs = graph.nodes[node]
         for sid in attrs["aliases"]:
             if sid not in defined:
-                raise _fail(f"node {node!r} aliases storage {sid!r}, which no earlier node owns.")
+                raise _fail(
+                    f"node {short(node)} aliases storage {short(sid)}, which no earlier node owns."
+                )
         for sid in attrs["outputs"]:
             if sid in defined:
-                raise _fail(f"storage {sid!r} is owned by two nodes (again by {node!r}).")
+                raise _fail(f"storage {short(sid)} is owned by two nodes (again by {short(node)}).")
             defined.add(sid)
         for sid in attrs["saved"]:
             if sid not in defined:
                 if not sid.startswith(f"{node}:"):
                     raise _fail(
-                        f"node {node!r} saves storage {sid!r}, which is neither an earlier "
-                        f"output nor one of its own buffers ('{node}:buf<k>')."
+                        f"node {short(node)} saves storage {short(sid)}, which is neither an "
+                        f"earlier output nor one of its own buffers ('<node>:buf<k>')."
                     )
                 defined.add(sid)
 
 
 def _check_int(value: Any, what: str, bound: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(f"{what} must be an int, got {value!r}.")
+        raise _fail(f"{what} must be an int, got {short(value)}.")
     if value < 0 or value > bound:
         raise _fail(f"{what} = {value} is out of range [0, {bound}].")

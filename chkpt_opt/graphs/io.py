@@ -18,7 +18,7 @@ from typing import Any
 
 import networkx as nx
 
-from chkpt_opt.errors import GraphFormatError
+from chkpt_opt.errors import GraphFormatError, short
 from chkpt_opt.graphs.costgraph import (
     FORMAT_VERSION,
     NODE_ATTRS,
@@ -71,13 +71,13 @@ def graph_from_dict(data: Any, *, source: str = "cost graph") -> CostGraph:
     version = data.get("format_version")
     if version != FORMAT_VERSION:
         raise GraphFormatError(
-            f"{source} has format_version {version!r}; this chkpt_opt reads version "
+            f"{source} has format_version {short(version)}; this chkpt_opt reads version "
             f"{FORMAT_VERSION}. Regenerate the file with `chkpt-opt trace` (or the corpus "
             "command) of this version."
         )
     for key, kind in (("graph", dict), ("nodes", list), ("edges", list)):
         if not isinstance(data.get(key), kind):
-            raise GraphFormatError(f"{source}: field {key!r} must be a JSON {kind.__name__}.")
+            raise GraphFormatError(f"{source}: field {short(key)} must be a JSON {kind.__name__}.")
     graph = nx.DiGraph()
     graph.graph.update(data["graph"])
     for entry in data["nodes"]:
@@ -87,11 +87,13 @@ def graph_from_dict(data: Any, *, source: str = "cost graph") -> CostGraph:
             )
         name = entry["name"]
         if name in graph:
-            raise GraphFormatError(f"{source}: node {name!r} appears twice.")
+            raise GraphFormatError(f"{source}: node {short(name)} appears twice.")
         attrs = {k: v for k, v in entry.items() if k != "name"}
         unknown = sorted(set(attrs) - set(NODE_ATTRS))
         if unknown:
-            raise GraphFormatError(f"{source}: node {name!r} has unknown attributes {unknown}.")
+            raise GraphFormatError(
+                f"{source}: node {short(name)} has unknown attributes {unknown}."
+            )
         graph.add_node(name, **attrs)
     for edge in data["edges"]:
         if (
@@ -115,6 +117,14 @@ def graph_from_dict(data: Any, *, source: str = "cost graph") -> CostGraph:
     return graph
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise GraphFormatError(f"key {short(twice[0])} appears twice in one JSON object.")
+    return dict(pairs)
+
+
 def _reject_constant(token: str) -> Any:
     raise GraphFormatError(f"JSON constant {token} is not allowed in chkpt_opt files.")
 
@@ -129,7 +139,9 @@ def read_json(path: str | Path, *, what: str) -> Any:
         raise GraphFormatError(f"{what} {str(path)!r} is {size} bytes, over the 1 GiB limit.")
     try:
         with path.open("r", encoding="utf-8") as handle:
-            return json.load(handle, parse_constant=_reject_constant)
+            return json.load(
+                handle, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys
+            )
     except UnicodeDecodeError as err:
         raise GraphFormatError(f"{what} {str(path)!r} is not UTF-8 text: {err}.") from None
     except json.JSONDecodeError as err:
@@ -139,6 +151,8 @@ def read_json(path: str | Path, *, what: str) -> Any:
         ) from None
     except RecursionError:
         raise GraphFormatError(f"{what} {str(path)!r} is nested too deeply.") from None
+    except GraphFormatError as err:
+        raise GraphFormatError(f"{what} {str(path)!r}: {err}") from None
     except ValueError as err:  # e.g. integers beyond Python's digit limit
         raise GraphFormatError(f"{what} {str(path)!r} holds an unreadable value: {err}.") from None
 
