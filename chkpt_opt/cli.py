@@ -279,12 +279,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_optimize(args: argparse.Namespace) -> int:
+def _plan(args: argparse.Namespace, model: Any, ex_args: Any, ex_kwargs: Any, **extra: Any) -> Any:
+    """``chkpt_opt.plan`` with the budget, solver, optimizer and time limit of the command."""
     import chkpt_opt
-    from chkpt_opt.schedule_io import save_schedule
 
-    model, ex_args, ex_kwargs = load_model_spec(args.model)
-    plan = chkpt_opt.plan(
+    return chkpt_opt.plan(
         model,
         ex_args,
         example_kwargs=ex_kwargs,
@@ -292,8 +291,16 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         solver=args.solver,
         optimizer=_optimizer(args.optimizer),
         time_limit_s=args.time_limit,
-        tracer=args.tracer,
+        **extra,
     )
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    import chkpt_opt
+    from chkpt_opt.schedule_io import save_schedule
+
+    model, ex_args, ex_kwargs = load_model_spec(args.model)
+    plan = _plan(args, model, ex_args, ex_kwargs, tracer=args.tracer)
     data: dict[str, Any] = {
         "budget_bytes": plan.budget.total_bytes,
         "predicted_peak_bytes": plan.predicted_peak_bytes,
@@ -595,16 +602,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     model, ex_args, ex_kwargs = load_model_spec(args.model)
     model = model.to(args.device)
     ex_args, ex_kwargs = _to_device(ex_args, args.device), _to_device(ex_kwargs, args.device)
-    plan = chkpt_opt.plan(
-        model,
-        ex_args,
-        example_kwargs=ex_kwargs,
-        budget=args.budget,
-        solver=args.solver,
-        optimizer=_optimizer(args.optimizer),
-        time_limit_s=args.time_limit,
-        profile_times=args.profile_times,
-    )
+    plan = _plan(args, model, ex_args, ex_kwargs, profile_times=args.profile_times)
     report = chkpt_opt.validate(
         model,
         plan.apply(),

@@ -259,27 +259,13 @@ def _kept_end(
 
 def evaluate(model: IntervalModel, seg: Segment, chosen: Sequence[int]) -> tuple[int, int, float]:
     """``(P, K, cost)`` of the chosen intervals, all inside ``seg``, computed exactly."""
-    containing: dict[int, int] = {}
-    for k in chosen:
-        iv = model.intervals[k]
-        for i in range(iv.start, iv.stop):
-            containing[i] = k
+    containing = model.containing(chosen)
     own = {s: model.base_bytes[s] for s in seg.slots}
     kept = 0
     last = model.end_slot - 1
     for lt, kept_k in zip(seg.lifetimes, seg.kept_end):
         life = model.lifetimes[lt]
-        end = life.fixed_end
-        for holder in life.holders:
-            k = containing.get(holder.node)
-            if k is None:
-                if holder.outside_end is not None:
-                    end = max(end, holder.outside_end)
-                continue
-            for kk, region_end in holder.region_ends:
-                if kk == k:
-                    end = max(end, region_end)
-                    break
+        end = life.end_under(containing)
         for s in range(life.fixed_end + 1, min(end, last) + 1):
             if s in own:
                 own[s] += life.size_bytes

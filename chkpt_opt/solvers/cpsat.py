@@ -41,6 +41,7 @@ from chkpt_opt.solvers.interval_solve import (
     judged,
     keep_all_result,
     prepare,
+    record_lowest,
     warm_start,
 )
 from chkpt_opt.solvers.registry import register
@@ -321,10 +322,7 @@ class CpSatSolver:
                 workers=self.workers,
                 formulation=self.formulation,
             )
-            lowest = (schedule, profile)
-            stats["min_feasible_bytes"] = profile.peak_bytes
-            stats["min_feasible_proven"] = proven
-            stats["min_feasible_lower_bytes"] = lower
+            lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
         return finish(
             graph,
             budget_bytes,

@@ -117,6 +117,22 @@ class Lifetime:
     ends: tuple[int, ...]
     holders: tuple[Holder, ...]
 
+    def end_under(self, containing: dict[int, int]) -> int:
+        """Last slot alive when op ``i`` lies in chosen interval ``containing[i]`` (ops not
+        in the mapping lie in no region)."""
+        end = self.fixed_end
+        for holder in self.holders:
+            k = containing.get(holder.node)
+            if k is None:
+                if holder.outside_end is not None:
+                    end = max(end, holder.outside_end)
+                continue
+            for kk, region_end in holder.region_ends:
+                if kk == k:
+                    end = max(end, region_end)
+                    break
+        return end
+
     def end_index(self, slot: int) -> int | None:
         """Index ``k`` of the smallest end ``>= slot`` (alive at ``slot`` iff held to
         ``ends[k]``), or None when no end reaches ``slot``."""
@@ -189,29 +205,19 @@ class IntervalModel:
         """Recompute time of the chosen intervals."""
         return sum(self.intervals[k].cost_s for k in chosen)
 
-    def lifetime_ends(self, chosen: Iterable[int]) -> list[int]:
-        """The last slot of every lifetime under the chosen intervals."""
-        chosen = list(chosen)
-        containing: dict[int, int] = {}
+    def containing(self, chosen: Iterable[int]) -> dict[int, int]:
+        """Op index -> the chosen interval that contains it."""
+        mapping: dict[int, int] = {}
         for k in chosen:
             iv = self.intervals[k]
             for i in range(iv.start, iv.stop):
-                containing[i] = k
-        ends = []
-        for life in self.lifetimes:
-            end = life.fixed_end
-            for holder in life.holders:
-                k = containing.get(holder.node)
-                if k is None:
-                    if holder.outside_end is not None:
-                        end = max(end, holder.outside_end)
-                    continue
-                for kk, region_end in holder.region_ends:
-                    if kk == k:
-                        end = max(end, region_end)
-                        break
-            ends.append(end)
-        return ends
+                mapping[i] = k
+        return mapping
+
+    def lifetime_ends(self, chosen: Iterable[int]) -> list[int]:
+        """The last slot of every lifetime under the chosen intervals."""
+        containing = self.containing(chosen)
+        return [life.end_under(containing) for life in self.lifetimes]
 
     def slot_bytes(self, chosen: Iterable[int]) -> list[int]:
         """Bytes alive at every slot under the chosen intervals (exact, no relaxation)."""

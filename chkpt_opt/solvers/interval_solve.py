@@ -149,6 +149,23 @@ def judged(
     return schedule, profile
 
 
+def record_lowest(
+    stats: dict[str, Any],
+    schedule: Schedule,
+    profile: MemoryProfile,
+    *,
+    lower_bytes: int | None,
+    proven: bool,
+) -> tuple[Schedule, MemoryProfile]:
+    """Notes in ``stats`` the lowest-peak schedule found for an infeasible budget (its peak,
+    whether that peak is proven minimal, and the proven lower bound), and returns the pair
+    as :func:`finish` takes it."""
+    stats["min_feasible_bytes"] = profile.peak_bytes
+    stats["min_feasible_proven"] = proven
+    stats["min_feasible_lower_bytes"] = lower_bytes
+    return schedule, profile
+
+
 def finish(
     graph: CostGraph,
     budget_bytes: int,

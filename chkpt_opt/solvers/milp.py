@@ -37,6 +37,7 @@ from chkpt_opt.solvers.interval_solve import (
     finish,
     keep_all_result,
     prepare,
+    record_lowest,
     warm_start,
 )
 from chkpt_opt.solvers.registry import register
@@ -221,10 +222,7 @@ class MilpSolver:
             schedule, profile, lower, min_proven = solve_min_peak(
                 graph, prepared, time_limit_s=_remaining(time_limit_s, start), seed=self.seed
             )
-            lowest = (schedule, profile)
-            stats["min_feasible_bytes"] = profile.peak_bytes
-            stats["min_feasible_proven"] = min_proven
-            stats["min_feasible_lower_bytes"] = lower
+            lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=min_proven)
         return finish(
             graph,
             budget_bytes,
