@@ -83,8 +83,8 @@ def main() -> None:
         f"{args.layers}-layer decoder, {graph.number_of_nodes()} ops, traced in {trace_s:.1f} s "
         f"(2 CPU threads)",
         "",
-        f"| budget | auto | auto time (s) | extra compute | flat {args.flat_solver} | flat time (s) "
-        "| gap to flat bound |",
+        f"| budget | auto | auto time (s) | extra compute | flat {args.flat_solver} "
+        "| flat time (s) | gap to flat bound |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
