@@ -4,6 +4,9 @@ Keep-all first (optimal whenever it fits), then the heuristics in ``solvers`` (c
 fallback), then the exact solver that fits the graph and the time limit:
 
 * ``enumerate`` when the graph has at most ``enumerate_max_schedules`` valid schedules;
+* ``dp_chain`` when every allowed cut position of the graph can be a boundary of its chain
+  of segments (a chain of ops, a DAG cut at articulation points): exact, and fast on long
+  chains; ``cpsat`` if it refuses the graph;
 * ``hierarchical`` when the graph has more allowed cuts than CP-SAT solves flat
   (``flat_max_positions``) and is made of repeated blocks (feasible, not proven optimal: it
   keeps regions inside blocks); ``cpsat`` if it refuses the graph;
@@ -26,6 +29,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import cut_positions
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.dp_chain import chain_cuts
 from chkpt_opt.solvers.enumerate import count_schedules
 from chkpt_opt.solvers.interval_solve import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.registry import get_solver, register
@@ -46,6 +50,8 @@ def pick_exact(
     one runs only if the first refuses the graph."""
     if count_schedules(graph) <= enumerate_max_schedules:
         return ["enumerate"]
+    if _is_chain(graph):
+        return ["dp_chain", "cpsat"]
     n_cuts = sum(cut_positions(graph)) - 2
     if flat_max_positions is not None and n_cuts > flat_max_positions and find_blocks(graph):
         return ["hierarchical", "cpsat"]
@@ -136,6 +142,14 @@ def _proven_infeasible(result: SolveResult) -> bool:
     """Whether an infeasible result comes with a proof (exact solvers on a complete model)."""
     if result.solver == "enumerate":
         return bool(result.stats.get("complete"))
-    if result.solver in ("cpsat", "milp", "hierarchical"):
+    if result.solver in ("cpsat", "milp", "hierarchical", "dp_chain"):
         return bool(result.stats.get("complete_model")) and "min_feasible_bytes" in result.stats
     return False
+
+
+def _is_chain(graph: CostGraph) -> bool:
+    """Whether dp_chain is exact over the whole schedule model of ``graph``."""
+    try:
+        return chain_cuts(graph)[1]
+    except SolverError:
+        return False

@@ -81,6 +81,7 @@ _BUILTIN = (
     "milp",
     "lp_round",
     "hierarchical",
+    "dp_chain",
 )
 _UNAVAILABLE: dict[str, str] = {}
 
