@@ -431,7 +431,12 @@ def cmd_corpus(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from chkpt_opt.bench.report import latex_table, plot_overhead_vs_budget, plot_solve_time
+    from chkpt_opt.bench.report import (
+        latex_table,
+        markdown_summary,
+        plot_overhead_vs_budget,
+        plot_solve_time,
+    )
     from chkpt_opt.bench.sweep import make_tasks, run_sweep
     from chkpt_opt.solvers import get_solver
 
@@ -456,6 +461,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progress=progress,
     )
     (out / "table.tex").write_text(latex_table(rows), encoding="utf-8")
+    (out / "summary.md").write_text(markdown_summary(rows), encoding="utf-8")
     figures = [
         plot_overhead_vs_budget(rows, out / "overhead_vs_budget.png"),
         plot_solve_time(rows, out / "solve_time.png"),

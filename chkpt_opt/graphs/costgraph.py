@@ -227,17 +227,6 @@ def storage_refs(graph: CostGraph, node: str) -> list[str]:
     return [*attrs["outputs"], *attrs["aliases"]]
 
 
-def storage_sizes(graph: CostGraph) -> dict[str, int]:
-    """Bytes of every storage of the graph: outputs and internal saved buffers."""
-    sizes: dict[str, int] = {}
-    for node in ordered_nodes(graph):
-        attrs = graph.nodes[node]
-        sizes.update(attrs["outputs"])
-        for sid, nbytes in attrs["saved"].items():
-            sizes.setdefault(sid, nbytes)
-    return sizes
-
-
 def storage_owners(graph: CostGraph) -> dict[str, str]:
     """Maps each storage id to the node whose forward allocates it."""
     owners: dict[str, str] = {}

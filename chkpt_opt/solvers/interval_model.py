@@ -133,14 +133,6 @@ class Lifetime:
                     break
         return end
 
-    def end_index(self, slot: int) -> int | None:
-        """Index ``k`` of the smallest end ``>= slot`` (alive at ``slot`` iff held to
-        ``ends[k]``), or None when no end reaches ``slot``."""
-        for k, end in enumerate(self.ends):
-            if end >= slot:
-                return k
-        return None
-
 
 @dataclass(frozen=True)
 class IntervalModel:
