@@ -437,7 +437,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plot_overhead_vs_budget,
         plot_solve_time,
     )
-    from chkpt_opt.bench.sweep import make_tasks, run_sweep
+    from chkpt_opt.bench.sweep import SweepError, make_tasks, run_sweep
+    from chkpt_opt.graphs.io import load_graph
     from chkpt_opt.solvers import get_solver
 
     graphs = args.graphs or sorted(Path("graphs").glob("*.json"))
@@ -447,19 +448,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     for name in args.solvers:
         get_solver(name)  # unknown names fail before any work
+    for path in graphs:
+        load_graph(path)  # so do malformed graph files
     for fraction in args.budgets:
         if not 0 < fraction <= 1:
             raise BudgetError(f"budget fraction {fraction} must be in (0, 1].")
     tasks = make_tasks(graphs, args.solvers, args.budgets, time_limit_s=args.time_limit)
     out = Path(args.output)
     progress = _Progress("bench", not args.json)
-    rows = run_sweep(
-        tasks,
-        out / "results.csv",
-        workers=args.workers,
-        ray_address=args.ray_address,
-        progress=progress,
-    )
+    try:
+        outcome = run_sweep(
+            tasks,
+            out / "results.csv",
+            workers=args.workers,
+            ray_address=args.ray_address,
+            progress=progress,
+        )
+    except SweepError as err:  # a foreign results file, an unreachable cluster
+        print(f"chkpt-opt: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    rows = outcome.rows
     (out / "table.tex").write_text(latex_table(rows), encoding="utf-8")
     (out / "summary.md").write_text(markdown_summary(rows), encoding="utf-8")
     figures = [
@@ -474,6 +482,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "table": str(out / "table.tex"),
         "figures": [str(f) for f in figures],
         "invalid": len(invalid),
+        "failed": [{"task": list(key), "error": error} for key, error in outcome.failed],
     }
     _emit(
         args,
@@ -483,9 +492,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"table: {out / 'table.tex'}",
             *[f"figure: {f}" for f in figures],
         ]
-        + ([f"{len(invalid)} schedules exceed their budget in the simulator"] if invalid else []),
+        + ([f"{len(invalid)} schedules exceed their budget in the simulator"] if invalid else [])
+        + [
+            f"failed (run again to retry): {'/'.join(key)}: {error}"
+            for key, error in outcome.failed
+        ],
     )
-    return EXIT_INTERNAL if invalid else EXIT_OK
+    return EXIT_INTERNAL if invalid or outcome.failed else EXIT_OK
 
 
 def cmd_max_batch(args: argparse.Namespace) -> int:

@@ -110,7 +110,7 @@ def plot_overhead_vs_budget(rows: Sequence[dict[str, str]], path: str | Path) ->
     plt = _pyplot()
     graphs = sorted({r["graph"] for r in rows})
     cols = min(4, len(graphs)) or 1
-    nrows = (len(graphs) + cols - 1) // cols
+    nrows = max(1, (len(graphs) + cols - 1) // cols)  # one empty panel when nothing finished
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3 * nrows), squeeze=False)
     for ax, graph in zip(axes.flat, graphs):
         by_solver: dict[str, list[tuple[float, float]]] = defaultdict(list)

@@ -14,11 +14,14 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from chkpt_opt.errors import ChkptOptError
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,66 @@ COLUMNS = (
     "regions",
     "solve_s",
 )
+
+
+class SweepError(ChkptOptError, ValueError):
+    """A sweep cannot start: its results file or its cluster is not usable."""
+
+
+class SweepFileError(SweepError):
+    """The results file exists but is not a sweep CSV this version can resume."""
+
+
+def _probe(address: str, *, timeout_s: float = 5.0) -> None:
+    """Fails fast when nothing listens at a ``host:port`` address (Ray itself retries for
+    minutes); other forms (``auto``, ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or "/" in address or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise SweepError(
+            f"cannot connect to the Ray cluster at {address!r}: nothing answers there "
+            f"({err.strerror or err}). Start the cluster (`ray start --head`) or pass the "
+            "address that `ray status` prints on its head node."
+        ) from None
+
+
+def _connect_ray(address: str) -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise SweepError(
+            f"--ray-address {address!r} needs Ray, which is not installed; "
+            "install it with: pip install 'chkpt_opt[ray]'."
+        ) from None
+    _probe(address)
+    try:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SweepError(
+            f"cannot connect to the Ray cluster at {address!r}: {first[:300]}. Check the "
+            "address (`ray status` on the head node prints it) and, if the cluster uses "
+            "token authentication, that RAY_AUTH_MODE and the token match its settings."
+        ) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """What a sweep left in its CSV.
+
+    Attributes:
+        rows: every row of the CSV, old and new.
+        failed: ``(task key, error message)`` of the tasks that raised; they are not in the
+            CSV, so running the sweep again retries them.
+    """
+
+    rows: list[dict[str, str]]
+    failed: list[tuple[tuple[str, str, str], str]]
 
 
 @dataclass(frozen=True)
@@ -122,7 +185,14 @@ def read_rows(csv_path: str | Path) -> list[dict[str, str]]:
         return []
     rows = []
     with path.open(newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is not None and tuple(reader.fieldnames) != COLUMNS:
+            raise SweepFileError(
+                f"{path} is not a chkpt-opt bench CSV of this version (its header is "
+                f"{','.join(reader.fieldnames)[:200]!r}); write the sweep to another "
+                "output folder, or move that file away."
+            )
+        for row in reader:
             if None in row or any(row.get(c) is None for c in COLUMNS):
                 continue
             rows.append(row)
@@ -135,10 +205,14 @@ class _CsvSink:
     def __init__(self, path: Path, kept: list[dict[str, str]]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        with path.open("w", newline="", encoding="utf-8") as handle:
+        staging = path.with_name(path.name + ".partial")
+        with staging.open("w", newline="", encoding="utf-8") as handle:
             writer = csv.DictWriter(handle, COLUMNS)
             writer.writeheader()
             writer.writerows(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, path)  # the kept rows are never at risk while the file is rewritten
         self.handle = path.open("a", newline="", encoding="utf-8")
         self.writer = csv.DictWriter(self.handle, COLUMNS)
 
@@ -155,9 +229,7 @@ def _execute(
     tasks: list[BenchTask], *, workers: int | None, ray_address: str | None
 ) -> Iterator[tuple[BenchTask, dict[str, Any] | Exception]]:
     if ray_address is not None:
-        import ray
-
-        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+        ray = _connect_ray(ray_address)
         remote = ray.remote(run_task)
         pending = {remote.remote(t): t for t in tasks}
         while pending:
@@ -191,8 +263,8 @@ def run_sweep(
     workers: int | None = None,
     ray_address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> list[dict[str, str]]:
-    """Runs the tasks not yet in ``csv_path`` and appends their rows; returns all rows.
+) -> SweepOutcome:
+    """Runs the tasks not yet in ``csv_path`` and appends their rows.
 
     Args:
         tasks: the sweep.
@@ -200,6 +272,12 @@ def run_sweep(
         workers: processes of the local pool (default: one per CPU; 1 runs in-process).
         ray_address: address of a Ray cluster to run the tasks on instead.
         progress: called with (finished, total) after each task.
+
+    Returns:
+        All rows of the CSV and the tasks that failed.
+
+    Raises:
+        SweepFileError: ``csv_path`` exists and is not a sweep CSV.
     """
     path = Path(csv_path)
     kept = read_rows(path)
@@ -213,15 +291,17 @@ def run_sweep(
     )
     sink = _CsvSink(path, kept)
     finished = len(tasks) - len(pending)
+    failed: list[tuple[tuple[str, str, str], str]] = []
     try:
         for task, outcome in _execute(pending, workers=workers, ray_address=ray_address):
             finished += 1
             if isinstance(outcome, Exception):
                 log.warning("task %s failed: %s", task.key, outcome)
+                failed.append((task.key, f"{type(outcome).__name__}: {outcome}"))
             else:
                 sink.write(outcome)
             if progress is not None:
                 progress(finished, len(tasks))
     finally:
         sink.close()
-    return read_rows(path)
+    return SweepOutcome(read_rows(path), sorted(failed))

@@ -1,0 +1,257 @@
+"""The research bench: sweeps into CSV, tables and figures; resuming; Ray; the corpus."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import chkpt_opt.solvers
+from chkpt_opt.bench.sweep import COLUMNS, SweepFileError, make_tasks, read_rows, run_sweep
+from chkpt_opt.cli import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, main
+from chkpt_opt.corpus import generate_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_GRAPHS = [ROOT / "graphs" / "mlp_small.json", ROOT / "graphs" / "vgg_small.json"]
+SOLVERS = ["keep_all", "sqrt", "greedy"]
+FRACTIONS = [0.9, 0.5]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _tasks() -> list:
+    return make_tasks(SMALL_GRAPHS, SOLVERS, FRACTIONS)
+
+
+def _csv_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_bench_writes_csv_latex_summary_and_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench"
+    argv = ["bench", *map(str, SMALL_GRAPHS), "--solvers", *SOLVERS, "--budgets", "0.9", "0.5"]
+    code = main([*argv, "--workers", "2", "-o", str(out), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == EXIT_OK, report
+    assert report["rows"] == report["tasks"] == 12 and report["failed"] == []
+    rows = read_rows(out / "results.csv")
+    assert len(rows) == 12 and tuple(rows[0]) == COLUMNS
+    for row in rows:
+        assert int(row["peak_bytes"]) <= int(row["budget_bytes"]) or row["status"] == "infeasible"
+        assert row["status"] != "invalid"
+    keep_all = {
+        r["graph"]: r
+        for r in rows
+        if r["solver"] == "keep_all" and r["budget_fraction"] == "0.9000"
+    }
+    assert all(r["status"] == "infeasible" for r in keep_all.values())  # 90% < keep-all peak
+    table = (out / "table.tex").read_text(encoding="utf-8")
+    assert "\\begin{tabular}" in table and "mlp\\_small" in table and "greedy" in table
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    assert "vgg_small" in summary
+    for figure in report["figures"]:
+        data = Path(figure).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+    # A second run finds every task done, solves nothing and writes the same rows.
+    before = _csv_lines(out / "results.csv")
+    code = main([*argv, "--workers", "2", "-o", str(out), "--json"])
+    assert code == EXIT_OK and json.loads(capsys.readouterr().out)["rows"] == 12
+    assert _csv_lines(out / "results.csv") == before
+
+
+def test_interrupted_sweep_keeps_finished_rows_and_resumes(tmp_path: Path) -> None:
+    path = tmp_path / "results.csv"
+    tasks = _tasks()
+
+    def interrupt_after_three(done: int, total: int) -> None:
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(tasks, path, workers=1, progress=interrupt_after_three)
+    kept = _csv_lines(path)
+    assert len(kept) == 1 + 3  # header and the three finished tasks, nothing torn
+    # An interrupted write leaves a torn last line; it is dropped and the task runs again.
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("vgg_small,chain,48")
+    assert len(read_rows(path)) == 3
+    seen: list[int] = []
+    outcome = run_sweep(tasks, path, workers=1, progress=lambda done, total: seen.append(done))
+    assert seen == list(range(4, len(tasks) + 1))  # only the nine unfinished tasks ran
+    assert outcome.failed == [] and len(outcome.rows) == len(tasks)
+    lines = _csv_lines(path)
+    assert lines[:4] == kept and len(lines) == 1 + len(tasks)
+    assert not path.with_name(path.name + ".partial").exists()
+    keys = [(r["graph"], r["solver"], r["budget_fraction"]) for r in outcome.rows]
+    assert sorted(keys) == sorted(t.key for t in tasks)
+
+
+def test_a_failing_task_is_reported_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = chkpt_opt.solvers.get_solver
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("solver crashed")
+
+    def broken_sqrt(name: str) -> object:
+        return crash if name == "sqrt" else real(name)
+
+    path = tmp_path / "results.csv"
+    monkeypatch.setattr(chkpt_opt.solvers, "get_solver", broken_sqrt)
+    outcome = run_sweep(_tasks(), path, workers=1)
+    assert len(outcome.rows) == 8
+    assert [key[1] for key, _ in outcome.failed] == ["sqrt"] * 4
+    assert all("RuntimeError: solver crashed" in error for _, error in outcome.failed)
+    code = main(["bench", str(SMALL_GRAPHS[0]), "--solvers", "sqrt", "--workers", "1",
+                 "-o", str(tmp_path / "cli"), "--json"])  # fmt: skip
+    assert code == EXIT_INTERNAL  # the sweep is incomplete; scripts must see it
+    monkeypatch.setattr(chkpt_opt.solvers, "get_solver", real)
+    outcome = run_sweep(_tasks(), path, workers=1)
+    assert outcome.failed == [] and len(outcome.rows) == 12
+
+
+def test_a_foreign_results_file_is_refused_and_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench"
+    out.mkdir()
+    foreign = out / "results.csv"
+    foreign.write_text("name,score\nalice,3\n", encoding="utf-8")
+    with pytest.raises(SweepFileError, match="not a chkpt-opt bench CSV"):
+        run_sweep(_tasks(), foreign, workers=1)
+    code = main(["bench", str(SMALL_GRAPHS[0]), "--solvers", "greedy", "-o", str(out)])
+    assert code == EXIT_INPUT
+    assert "another output folder" in capsys.readouterr().err
+    assert foreign.read_text(encoding="utf-8") == "name,score\nalice,3\n"
+
+
+def test_bench_refuses_a_malformed_graph_before_solving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "chkpt_opt.costgraph", "version": 1', encoding="utf-8")
+    out = tmp_path / "bench"
+    code = main(["bench", str(SMALL_GRAPHS[0]), str(bad), "--solvers", "greedy", "-o", str(out)])
+    assert code == EXIT_INPUT
+    assert "bad.json" in capsys.readouterr().err
+    assert not (out / "results.csv").exists()
+
+
+def test_optimize_plots_the_predicted_and_measured_timeline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = f"{Path(__file__).parent / 'cli_models.py'}:small_mlp"
+    figure = tmp_path / "timeline.png"
+    code = main(["optimize", spec, "--budget", "2MB", "--plot-timeline", str(figure), "--json"])
+    assert code == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["timeline_plot"] == str(figure)
+    assert figure.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_corpus_regenerates_byte_identical_files(tmp_path: Path) -> None:
+    names = ["mlp_small", "vgg_small", "resnet_small"]
+    written = generate_corpus(tmp_path, names=names)
+    assert [p.name for p in written] == [f"{n}.json" for n in names]
+    for path in written:
+        assert path.read_bytes() == (ROOT / "graphs" / path.name).read_bytes(), path.name
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture()
+def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
+    """A one-node Ray cluster started from its command line, as on a real cluster."""
+    pytest.importorskip("ray")
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+    if ray_cli is None:
+        pytest.skip("the ray command is not installed")
+    temp_dir = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths have a length limit
+    port = _free_port()
+    # An isolated test cluster: no token authentication, on the head or the client.
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    start = [
+        ray_cli,
+        "start",
+        "--head",
+        f"--port={port}",
+        "--num-cpus=2",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+    ]
+    started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=180)
+    if started.returncode != 0:
+        pytest.fail(f"ray start failed:\n{started.stdout}\n{started.stderr}")
+    try:
+        yield f"127.0.0.1:{port}", env
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_bench_runs_on_a_ray_cluster(
+    ray_cluster: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    address, env = ray_cluster
+    out = tmp_path / "bench"
+    command = [
+        sys.executable,
+        "-m",
+        "chkpt_opt.cli",
+        "bench",
+        *map(str, SMALL_GRAPHS),
+        "--solvers",
+        *SOLVERS,
+        "--budgets",
+        "0.9",
+        "0.5",
+        "--ray-address",
+        address,
+        "-o",
+        str(out),
+        "--json",
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    )
+    assert done.returncode == EXIT_OK, done.stderr[-3000:]
+    assert json.loads(done.stdout)["rows"] == 12
+    with (out / "results.csv").open(newline="", encoding="utf-8") as handle:
+        ray_rows = {
+            (r["graph"], r["solver"], r["budget_fraction"]): r for r in csv.DictReader(handle)
+        }
+    local = {
+        (r["graph"], r["solver"], r["budget_fraction"]): r
+        for r in run_sweep(_tasks(), tmp_path / "local.csv", workers=1).rows
+    }
+    assert ray_rows.keys() == local.keys()
+    for key, row in local.items():  # the same schedules, wherever they were solved
+        for column in ("status", "peak_bytes", "objective_s", "regions"):
+            assert ray_rows[key][column] == row[column], (key, column)
+
+
+def test_an_unreachable_ray_cluster_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    argv = ["bench", str(SMALL_GRAPHS[0]), "--solvers", "greedy", "--ray-address", address]
+    code = main([*argv, "-o", str(tmp_path / "bench")])
+    assert code == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert f"cannot connect to the Ray cluster at '{address}'" in err and "Traceback" not in err
