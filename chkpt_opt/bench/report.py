@@ -162,7 +162,8 @@ def plot_solve_time(rows: Sequence[dict[str, str]], path: str | Path) -> Path:
     ax.set_xlabel("ops in the graph")
     ax.set_ylabel("solve time (s)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if by_solver:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=130)
