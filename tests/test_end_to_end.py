@@ -182,3 +182,22 @@ def test_profiled_times_replace_estimates_and_leave_the_model_alone() -> None:
     assert torch.equal(torch.random.get_rng_state(), rng)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "milp", "hierarchical", "lp_round"])
+def test_exact_solver_plans_run_on_the_reference_gpt(solver: str) -> None:
+    """The integer programs' and the hierarchical solver's plans, executed and measured."""
+    model, args, kwargs = zoo.gpt()  # 8 layers, d_model 256, 4 heads, seq 256, batch 8
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    budget = full.static.resident_bytes + full.profile.peak_bytes * 6 // 10
+    plan = chkpt_opt.plan(
+        model, args, budget=budget, optimizer=None, solver=solver, time_limit_s=30
+    )
+    assert plan.result.solver == solver and plan.result.feasible
+    assert plan.schedule.regions, "a 60% budget needs recomputation"
+    report = chkpt_opt.validate(
+        model, plan.apply(), args, kwargs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=1
+    )
+    assert plan.static.resident_bytes + report.measured_peak_bytes <= budget, report.summary()
+    assert abs(report.prediction_error) <= 0.03, report.summary()
+    assert report.grads_bitwise_equal and report.outputs_bitwise_equal, report.summary()
