@@ -120,9 +120,27 @@ def with_sequential(model: nn.Module) -> nn.Module:
     return clone
 
 
+class _Compiled(nn.Module):
+    """``inner`` compiled through a function whose code object is new for every instance.
+
+    Dynamo caches compiled frames per code object and does not guard on the partitioner's
+    settings: two copies of one model compiled under different ``activation_memory_budget``
+    values would otherwise share the first compilation.
+    """
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        namespace: dict[str, Any] = {"inner": inner}
+        exec("def step(*args, **kwargs):\n    return inner(*args, **kwargs)", namespace)
+        self.step = torch.compile(namespace["step"])
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.step(*args, **kwargs)
+
+
 def compiled(model: nn.Module, budget: float, args: tuple[Any, ...]) -> nn.Module:
-    clone = copy.deepcopy(model)
-    module = torch.compile(clone)
+    module = _Compiled(copy.deepcopy(model))
     with torch._functorch.config.patch(activation_memory_budget=budget):
         for _ in range(2):  # compile forward and backward, then warm up
             run_step(module, args, {})

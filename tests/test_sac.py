@@ -84,3 +84,33 @@ def test_partial_layer_schedule_saves_kept_ops_and_says_it_differs(traced) -> No
         torch.equal(a, b)
         for a, b in zip(_grads_after_step(model, args), _grads_after_step(wrapped, args))
     )
+
+
+def test_ops_written_in_place_later_are_recomputed_not_cached() -> None:
+    """A ResNet: batch norm's output is written by ``relu_`` and ``+=``; SAC refuses to hand
+    back a cached tensor that was mutated, so the lowering must not cache those outputs."""
+    model, args, _ = zoo.resnet(widths=(8, 16), blocks_per_stage=1, image=16, batch=2)
+    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    graph = plan.graph
+    issued = dispatched_ops(plan.traced.captured.module, plan.traced.captured.flat_inputs)
+    order = ordered_nodes(graph)
+    spans = []  # the second half of every layer recomputed; the first half's outputs kept
+    for start, stop in find_layers(graph).spans:
+        spans.append((start + (stop - start) // 2, stop))
+    schedule = Schedule.from_spans(graph, spans)
+    lowering = lower_to_sac(graph, schedule, issued)
+    bn_written = [
+        n
+        for n in order
+        if graph.nodes[n]["op"].startswith("aten.batch_norm")
+        and any(graph.nodes[s]["is_inplace"] for s in graph.successors(n))
+    ]
+    assert bn_written, "the zoo ResNet applies relu_ to batch norm outputs"
+    # The kept convolutions are still cached: the lowering is selective, not all-recompute.
+    assert any("convolution" in op for saved in lowering.modules.values() for op in saved)
+    reference = _grads_after_step(model, args)
+    wrapped = wrap_modules_in_place(copy.deepcopy(model), lowering)
+    assert all(torch.equal(a, b) for a, b in zip(reference, _grads_after_step(wrapped, args)))
+    compiled = torch.compile(wrap_modules_in_place(copy.deepcopy(model), lowering))
+    grads = _grads_after_step(compiled, args)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(reference, grads))

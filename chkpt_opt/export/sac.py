@@ -106,6 +106,29 @@ def _saveable(op_name: str) -> bool:
     return not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
+def _written_in_place_later(graph: CostGraph) -> set[str]:
+    """Ops whose output a later in-place op may write (directly or through views).
+
+    SAC refuses to hand back a cached tensor that was mutated after it was cached, so these
+    ops are recomputed rather than saved. An in-place op's written argument is not in the
+    graph, so every input it reads counts (conservative: at worst an op is recomputed that
+    could have been saved).
+    """
+    mutated: set[str] = set()
+    for name in graph.nodes:
+        stack, seen = [name], {name}
+        while stack and name not in mutated:
+            for succ in graph.successors(stack.pop()):
+                attrs = graph.nodes[succ]
+                if attrs.get("is_inplace"):
+                    mutated.add(name)
+                    break
+                if attrs.get("is_view") and succ not in seen:
+                    seen.add(succ)
+                    stack.append(succ)
+    return mutated
+
+
 def lower_to_sac(graph: CostGraph, schedule: Schedule, issued: dict[str, list[str]]) -> SacLowering:
     """Builds the per-layer SAC policies standing for ``schedule``.
 
@@ -117,6 +140,7 @@ def lower_to_sac(graph: CostGraph, schedule: Schedule, issued: dict[str, list[st
     layers = find_layers(graph)
     order = ordered_nodes(graph)
     recomputed = schedule.recomputed_nodes()
+    mutated = _written_in_place_later(graph)
     modules: dict[str, dict[str, tuple[int, ...]]] = {}
     in_layers: set[str] = set()
     for k, (start, stop) in enumerate(layers.spans):
@@ -128,7 +152,7 @@ def lower_to_sac(graph: CostGraph, schedule: Schedule, issued: dict[str, list[st
         saved: dict[str, list[int]] = {}
         for name in names:
             for op in issued.get(name, []):
-                if name not in recomputed and _saveable(op):
+                if name not in recomputed and name not in mutated and _saveable(op):
                     saved.setdefault(op, []).append(counts[op])
                 counts[op] += 1
         modules[f"{layers.container}.{k}"] = {op: tuple(v) for op, v in saved.items()}
