@@ -313,11 +313,13 @@ def apply(
     example_kwargs: dict[str, Any] | None = None,
     *,
     tracer: str = "auto",
+    for_compile: bool = False,
 ) -> torch.nn.Module:
     """Rebuilds the optimized module from a schedule file, without solving.
 
     The model is traced (on fake tensors) to rebuild its graph; the file is refused if it
-    was made for another model or other input shapes.
+    was made for another model or other input shapes. ``for_compile`` as in
+    :meth:`Plan.apply`.
 
     Raises:
         ScheduleError: malformed file, other format version, or a fingerprint mismatch.
@@ -325,7 +327,9 @@ def apply(
     loaded = load_schedule(path)
     traced = trace_model(model, example_inputs, example_kwargs, method=tracer)
     loaded.check_against(traced.graph)
-    return apply_schedule(traced.captured.fresh_module(), traced.graph, loaded.schedule)
+    return apply_schedule(
+        traced.captured.fresh_module(), traced.graph, loaded.schedule, for_compile=for_compile
+    )
 
 
 def _version() -> str:

@@ -118,3 +118,40 @@ def test_malformed_plan_files_are_refused(tmp_path: Path) -> None:
         chkpt_opt.apply(model, path, args)
     with pytest.raises(chkpt_opt.ScheduleError, match="does not exist"):
         chkpt_opt.apply(model, tmp_path / "missing.json", args)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({"n_layer": 2, "d_model": 64, "seq_len": 64, "batch": 4, "vocab": 256}),
+        pytest.param({}, marks=pytest.mark.slow, id="reference"),  # 8 layers, d 256, seq 256
+    ],
+    ids=lambda settings: "small" if settings else "reference",
+)
+def test_exported_plan_meets_the_eager_budget_under_torch_compile(
+    settings: dict, tmp_path: Path
+) -> None:
+    """A plan file applied for torch.compile meets the budget that the eager plan meets,
+    measured on the same ruler (the allocator's events) for both."""
+    import torch._dynamo
+
+    from chkpt_opt.measure import measure_step_allocator, run_step
+
+    model, args, _ = zoo.gpt(**settings)
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    budget = full.static.resident_bytes + full.profile.peak_bytes // 2
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver="greedy")
+    assert plan.schedule.regions
+    path = tmp_path / "gpt.plan.json"
+    plan.save(path)
+    eager = chkpt_opt.apply(model, path, args)
+    torch.manual_seed(0)
+    assert plan.static.resident_bytes + measure_step_allocator(eager, args) <= budget
+    torch._dynamo.reset()
+    compiled = torch.compile(chkpt_opt.apply(model, path, args, for_compile=True))
+    for _ in range(2):  # compile forward and backward
+        run_step(compiled, args, {})
+    torch.manual_seed(0)
+    peak = measure_step_allocator(compiled, args)
+    assert plan.static.resident_bytes + peak <= budget, (peak, budget)
+    torch._dynamo.reset()
