@@ -733,10 +733,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="ops to list")
 
     p = add(
-        "bench", cmd_bench, "sweep solvers x graphs x budgets into a CSV, a LaTeX table and plots"
+        "bench",
+        cmd_bench,
+        "sweep solvers x graphs x budgets into a CSV, a LaTeX table and plots; run again with "
+        "the same -o to resume (only missing or failed tasks run)",
     )
     p.add_argument("graphs", nargs="*", type=Path, help="cost graph files (default: graphs/*.json)")
-    p.add_argument("--solvers", nargs="+", default=["greedy", "sqrt", "auto"])
+    p.add_argument(
+        "--solvers",
+        nargs="+",
+        default=["greedy", "sqrt", "auto"],
+        help="registered names (see `chkpt-opt solvers`)",
+    )
     p.add_argument(
         "--budgets",
         nargs="+",
@@ -745,11 +753,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="fractions of the store-everything peak",
     )
     p.add_argument("--time-limit", type=float, default=60.0, help="per-solve time limit, seconds")
-    p.add_argument("-o", "--output", type=Path, default=Path("results/bench"))
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("results/bench"),
+        help="folder for results.csv, table.tex, summary.md and the figures",
+    )
     p.add_argument(
         "--workers", type=int, default=None, help="local processes (default: one per CPU)"
     )
-    p.add_argument("--ray-address", default=None, help="run on this Ray cluster instead")
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="run on this Ray cluster instead (host:port, as `ray status` prints it)",
+    )
 
     p = add("max-batch", cmd_max_batch, "largest batch that fits a budget, with and without a plan")
     p.add_argument(
