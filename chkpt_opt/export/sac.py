@@ -37,7 +37,7 @@ from torch.utils.checkpoint import (
 
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.export.layers import find_layers
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners
 from chkpt_opt.schedule import Schedule
 
 
@@ -107,26 +107,20 @@ def _saveable(op_name: str) -> bool:
 
 
 def _written_in_place_later(graph: CostGraph) -> set[str]:
-    """Ops whose output a later in-place op may write (directly or through views).
+    """Ops whose output storage a later in-place op writes.
 
     SAC refuses to hand back a cached tensor that was mutated after it was cached, so these
-    ops are recomputed rather than saved. An in-place op's written argument is not in the
-    graph, so every input it reads counts (conservative: at worst an op is recomputed that
-    could have been saved).
+    ops are recomputed rather than saved. An in-place op owns no storage and lists the one
+    it writes in ``aliases`` (through any views), so its owner is the op to recompute.
     """
-    mutated: set[str] = set()
-    for name in graph.nodes:
-        stack, seen = [name], {name}
-        while stack and name not in mutated:
-            for succ in graph.successors(stack.pop()):
-                attrs = graph.nodes[succ]
-                if attrs.get("is_inplace"):
-                    mutated.add(name)
-                    break
-                if attrs.get("is_view") and succ not in seen:
-                    seen.add(succ)
-                    stack.append(succ)
-    return mutated
+    owners = storage_owners(graph)
+    return {
+        owners[sid]
+        for _, attrs in graph.nodes(data=True)
+        if attrs["is_inplace"]
+        for sid in attrs["aliases"]
+        if sid in owners
+    }
 
 
 def lower_to_sac(graph: CostGraph, schedule: Schedule, issued: dict[str, list[str]]) -> SacLowering:
