@@ -1,11 +1,21 @@
-"""Shared fixtures: real models in plain torch (from chkpt_opt.zoo) at test sizes."""
+"""Shared fixtures and checks: real models in plain torch (from chkpt_opt.zoo) at test
+sizes, the validity check of a solver result, budgets between two peaks of a model."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 
+import chkpt_opt
 from chkpt_opt import zoo
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.schedule import check_schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import SolveStatus
+
+REL = 1e-9  # relative tolerance on compute costs (sums of floats in different orders)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -31,3 +41,24 @@ MODELS = {
     "unet": lambda: zoo.unet(base=4, depth=2, image=16, batch=2),
     "hf_gpt2": lambda: zoo.hf_gpt2(n_layer=2, d_model=64, n_head=4, seq_len=32, batch=2, vocab=128),
 }
+
+
+def assert_valid_result(graph: CostGraph, result: Any, budget: int) -> None:
+    """A solver's result agrees with the simulator and its status with the budget."""
+    check_schedule(graph, result.schedule)
+    profile = simulate(graph, result.schedule)
+    assert profile.peak_bytes == result.peak_bytes
+    assert profile.recompute_s == pytest.approx(result.objective, rel=REL, abs=1e-15)
+    if result.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+        assert profile.peak_bytes <= budget
+    else:
+        assert profile.peak_bytes > budget
+    if result.bound is not None:
+        assert result.bound <= result.objective * (1 + REL) + 1e-15
+
+
+def budget_at(model: torch.nn.Module, args: tuple[Any, ...], fraction: float) -> int:
+    """A whole-step budget (no optimizer) of the resident bytes plus ``fraction`` of the
+    store-everything forward/backward peak."""
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    return full.static.resident_bytes + int(full.profile.peak_bytes * fraction)

@@ -29,7 +29,7 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph, new_graph, node_attrs, ordered_nodes
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule, check_schedule
+from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
 from chkpt_opt.solvers.cpsat import build_cp_model, make_solver
@@ -44,8 +44,8 @@ from chkpt_opt.solvers.revolve import (
     revolve_forward_steps_recursive,
     revolve_reference,
 )
+from tests.conftest import REL, assert_valid_result
 
-REL = 1e-9
 CORPUS = Path(__file__).resolve().parents[1] / "graphs"
 
 
@@ -157,19 +157,6 @@ class Reference:
         self.budgets = sorted(b for b in budgets if b >= 0)
 
 
-def _assert_valid(graph: CostGraph, result, budget: int) -> None:
-    check_schedule(graph, result.schedule)
-    profile = simulate(graph, result.schedule)
-    assert profile.peak_bytes == result.peak_bytes
-    assert profile.recompute_s == pytest.approx(result.objective, rel=REL, abs=1e-15)
-    if result.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
-        assert profile.peak_bytes <= budget
-    else:
-        assert profile.peak_bytes > budget
-    if result.bound is not None:
-        assert result.bound <= result.objective * (1 + REL) + 1e-15
-
-
 def _budgets(graph: CostGraph, n: int) -> list[int]:
     """The exact minimum peak minus one, then ``n`` budgets from it to keep-all."""
     low = int(run_dp(ChainModel(graph), None).value)
@@ -258,7 +245,7 @@ def test_dp_chain_equals_enumeration() -> None:
         n_graphs += 1
         for budget in ref.budgets:
             result = solver(graph, budget)
-            _assert_valid(graph, result, budget)
+            assert_valid_result(graph, result, budget)
             best = best_for_budget(ref.evaluated, budget)
             where = (graph.graph["name"], budget)
             if best is None:
@@ -311,7 +298,7 @@ def test_dp_chain_equals_cpsat_and_milp() -> None:
         for budget in _budgets(graph, 7):
             results = [s(graph, budget) for s in solvers]
             for result in results:
-                _assert_valid(graph, result, budget)
+                assert_valid_result(graph, result, budget)
             where = (graph.graph["name"], budget)
             statuses = {r.status for r in results}
             assert len(statuses) == 1, (where, [r.status for r in results])
@@ -332,7 +319,7 @@ def test_restricted_cut_set_is_exact_there_and_never_called_optimal() -> None:
         ref = Reference(graph, set(chain.cuts))
         for budget in ref.budgets:
             result = get_solver("dp_chain")(graph, budget)
-            _assert_valid(graph, result, budget)
+            assert_valid_result(graph, result, budget)
             best = best_for_budget(ref.evaluated, budget)
             if best is None:
                 assert result.status == SolveStatus.INFEASIBLE
@@ -361,7 +348,7 @@ def test_infeasible_budgets_give_the_lowest_peak() -> None:
     assert low.status == SolveStatus.INFEASIBLE
     for budget in (0, low.peak_bytes // 2, low.peak_bytes - 1):
         result = get_solver("dp_chain")(graph, budget)
-        _assert_valid(graph, result, budget)
+        assert_valid_result(graph, result, budget)
         assert result.status == SolveStatus.INFEASIBLE
         assert result.peak_bytes == low.peak_bytes == result.stats["min_feasible_bytes"]
     at_min = get_solver("dp_chain")(graph, low.peak_bytes)
@@ -389,7 +376,7 @@ def test_three_hundred_op_chains_solve_in_seconds() -> None:
         start = time.perf_counter()
         result = get_solver("dp_chain")(graph, budget)
         assert time.perf_counter() - start < 60.0
-        _assert_valid(graph, result, budget)
+        assert_valid_result(graph, result, budget)
         assert result.status == SolveStatus.OPTIMAL and result.stats["cuts"] == 301
         greedy = get_solver("greedy")(graph, budget)
         if greedy.feasible:
@@ -433,7 +420,7 @@ def test_time_limit_is_honest() -> None:
     graph = _chain(200, saves="input", hetero=True, seed=5)
     budget = int(simulate(graph, Schedule()).peak_bytes * 0.5)
     result = get_solver("dp_chain")(graph, budget, time_limit_s=0.0)
-    _assert_valid(graph, result, budget)
+    assert_valid_result(graph, result, budget)
     assert result.stats["timed_out"] is True
     assert result.status in (SolveStatus.FEASIBLE, SolveStatus.TIMED_OUT)
 
@@ -444,7 +431,7 @@ def test_auto_prefers_dp_chain_on_chains() -> None:
     high = simulate(graph, Schedule()).peak_bytes
     budget = (low.peak_bytes + high) // 2
     result = get_solver("auto")(graph, budget)
-    _assert_valid(graph, result, budget)
+    assert_valid_result(graph, result, budget)
     assert result.stats["chosen"] == "dp_chain" and "cpsat" not in result.stats["tried"]
     assert result.status == SolveStatus.OPTIMAL
     assert result.objective == pytest.approx(get_solver("milp")(graph, budget).objective, rel=REL)

@@ -9,7 +9,7 @@ import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import smallest_peak
 from chkpt_opt.measure import measure_step
-from tests.conftest import MODELS
+from tests.conftest import MODELS, budget_at
 
 N_BUDGETS = 4
 
@@ -188,8 +188,7 @@ def test_profiled_times_replace_estimates_and_leave_the_model_alone() -> None:
 def test_exact_solver_plans_run_on_the_reference_gpt(solver: str) -> None:
     """The integer programs' and the hierarchical solver's plans, executed and measured."""
     model, args, kwargs = zoo.gpt()  # 8 layers, d_model 256, 4 heads, seq 256, batch 8
-    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
-    budget = full.static.resident_bytes + full.profile.peak_bytes * 6 // 10
+    budget = budget_at(model, args, 0.6)
     plan = chkpt_opt.plan(
         model, args, budget=budget, optimizer=None, solver=solver, time_limit_s=30
     )

@@ -18,7 +18,7 @@ import pytest
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule, check_schedule, cut_positions
+from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
 from chkpt_opt.solvers.bounds import max_saving, min_feasible_budget
@@ -30,8 +30,8 @@ from chkpt_opt.solvers.enumerate import (
     pareto_front,
 )
 from chkpt_opt.solvers.interval_model import build_interval_model, simulator_slot_bytes
+from tests.conftest import REL, assert_valid_result
 
-REL = 1e-9
 SOLVERS_DIR = Path(__file__).resolve().parents[1] / "chkpt_opt" / "solvers"
 
 
@@ -164,19 +164,6 @@ def _all_small_graphs(traced: list[CostGraph]) -> list[CostGraph]:
     return _synthetic_graphs() + traced
 
 
-def _assert_valid(graph: CostGraph, result, budget: int) -> None:
-    check_schedule(graph, result.schedule)
-    profile = simulate(graph, result.schedule)
-    assert profile.peak_bytes == result.peak_bytes
-    assert profile.recompute_s == pytest.approx(result.objective, rel=REL, abs=1e-15)
-    if result.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
-        assert profile.peak_bytes <= budget
-    else:
-        assert profile.peak_bytes > budget
-    if result.bound is not None:
-        assert result.bound <= result.objective * (1 + REL) + 1e-15
-
-
 # -- the interval model ------------------------------------------------------------------
 
 
@@ -267,7 +254,7 @@ def test_exact_solvers_equal_enumeration(name: str, settings: dict, traced) -> N
         assert ref.min_peak < ref.keep_all, graph.graph["name"]  # a non-trivial front
         for budget in ref.budgets:
             result = solver(graph, budget)
-            _assert_valid(graph, result, budget)
+            assert_valid_result(graph, result, budget)
             best = ref.best(budget)
             where = (graph.graph["name"], budget)
             if best is None:
@@ -286,7 +273,7 @@ def test_enumerate_solver_is_the_reference(traced) -> None:
         ref = reference(graph)
         for budget in ref.budgets[::3]:
             result = solver(graph, budget)
-            _assert_valid(graph, result, budget)
+            assert_valid_result(graph, result, budget)
             best = ref.best(budget)
             if best is None:
                 assert result.status == SolveStatus.INFEASIBLE
@@ -305,7 +292,7 @@ def test_other_formulations_agree(traced) -> None:
             best = ref.best(budget)
             for solver in variants:
                 result = solver(graph, budget)
-                _assert_valid(graph, result, budget)
+                assert_valid_result(graph, result, budget)
                 if best is None:
                     assert result.status == SolveStatus.INFEASIBLE
                 else:
@@ -322,7 +309,7 @@ def test_no_heuristic_beats_an_exact_solver(traced) -> None:
             best = exact(graph, budget)
             for heuristic in heuristics:
                 result = heuristic(graph, budget)
-                _assert_valid(graph, result, budget)
+                assert_valid_result(graph, result, budget)
                 if result.feasible:
                     assert best.feasible
                     assert result.objective >= best.objective * (1 - REL) - 1e-15
@@ -336,7 +323,7 @@ def test_lp_round_bound_and_feasibility(traced) -> None:
         ref = reference(graph)
         for budget in ref.budgets:
             result = solver(graph, budget)
-            _assert_valid(graph, result, budget)
+            assert_valid_result(graph, result, budget)
             best = ref.best(budget)
             if best is None:
                 assert result.status == SolveStatus.INFEASIBLE
@@ -397,7 +384,7 @@ def test_chains_agree_across_exact_solvers() -> None:
             budget = low.peak_bytes + (hi - low.peak_bytes) * k // 5
             results = [get_solver(n)(graph, budget) for n in ("cpsat", "milp", "auto")]
             for result in results:
-                _assert_valid(graph, result, budget)
+                assert_valid_result(graph, result, budget)
                 assert result.status == SolveStatus.OPTIMAL
             objectives = [r.objective for r in results]
             assert max(objectives) - min(objectives) <= REL * max(objectives) + 1e-15
@@ -434,7 +421,7 @@ def test_time_limit_is_respected_and_status_honest() -> None:
     budget = int(hi * 0.72)
     for name in ("cpsat", "milp", "auto"):
         result = get_solver(name)(graph, budget, time_limit_s=0.5)
-        _assert_valid(graph, result, budget)
+        assert_valid_result(graph, result, budget)
         assert result.solve_s < 15.0
         assert result.status in (
             SolveStatus.OPTIMAL,
@@ -452,7 +439,7 @@ def test_candidate_subset_is_never_called_optimal() -> None:
     result = get_solver("cpsat", max_positions=8)(graph, int(hi * 0.85))
     assert result.stats["complete_model"] is False
     assert result.status != SolveStatus.OPTIMAL or result.objective == 0.0
-    _assert_valid(graph, result, int(hi * 0.85))
+    assert_valid_result(graph, result, int(hi * 0.85))
 
 
 def test_solvers_are_registered() -> None:
@@ -485,7 +472,7 @@ def test_exact_solvers_equal_enumeration_at_twelve_ops() -> None:
             best = ref.best(budget)
             for name in ("cpsat", "milp"):
                 result = get_solver(name)(graph, budget)
-                _assert_valid(graph, result, budget)
+                assert_valid_result(graph, result, budget)
                 if best is None:
                     assert result.status == SolveStatus.INFEASIBLE
                 else:
@@ -568,7 +555,7 @@ def test_hierarchical_is_feasible_and_never_beats_the_exact_solver(gpt_graphs) -
         budget = low.peak_bytes + (hi - low.peak_bytes) * k // 6
         exact = get_solver("cpsat")(graph, budget)
         result = solver(graph, budget)
-        _assert_valid(graph, result, budget)
+        assert_valid_result(graph, result, budget)
         assert result.status == SolveStatus.FEASIBLE and result.bound is None
         assert result.objective >= exact.objective * (1 - REL)
         assert result.objective <= exact.objective * 1.5  # a loose sanity bound on the gap
@@ -583,7 +570,7 @@ def test_auto_uses_hierarchical_on_large_block_graphs(gpt_graphs) -> None:
     hi = simulate(graph, Schedule()).peak_bytes
     result = get_solver("auto", flat_max_positions=20)(graph, int(hi * 0.6))
     assert "hierarchical" in result.stats["tried"]
-    _assert_valid(graph, result, int(hi * 0.6))
+    assert_valid_result(graph, result, int(hi * 0.6))
 
 
 @pytest.mark.slow
@@ -602,5 +589,5 @@ def test_48_layer_decoder_plans_in_under_a_minute() -> None:
         result = get_solver("auto")(graph, int(hi * fraction))
         assert time.perf_counter() - start < 60.0
         assert result.stats["chosen"] == "hierarchical"
-        _assert_valid(graph, result, int(hi * fraction))
+        assert_valid_result(graph, result, int(hi * fraction))
         assert result.feasible

@@ -16,6 +16,7 @@ import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import smallest_peak
 from chkpt_opt.measure import measure_step
+from tests.conftest import budget_at
 
 GPT = {"n_layer": 2, "d_model": 64, "n_head": 4, "seq_len": 32, "batch": 4, "vocab": 128}
 
@@ -138,8 +139,7 @@ def test_exported_plan_meets_the_eager_budget_under_torch_compile(
     from chkpt_opt.measure import measure_step_allocator, run_step
 
     model, args, _ = zoo.gpt(**settings)
-    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
-    budget = full.static.resident_bytes + full.profile.peak_bytes // 2
+    budget = budget_at(model, args, 0.5)
     plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver="greedy")
     assert plan.schedule.regions
     path = tmp_path / "gpt.plan.json"

@@ -15,6 +15,7 @@ from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.lowering import lower
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
+from tests.conftest import budget_at
 
 TARGETS = ["huggingface", "torchtitan", "megatron"]
 
@@ -148,8 +149,7 @@ def test_snapshot_replays_the_simulated_timeline(graph, tmp_path: Path) -> None:
 
 def _plan_at(built: zoo.Built, fraction: float) -> chkpt_opt.Plan:
     model, args, _ = built
-    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
-    budget = full.static.resident_bytes + int(full.profile.peak_bytes * fraction)
+    budget = budget_at(model, args, fraction)
     return chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver="auto")
 
 
