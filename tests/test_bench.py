@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -16,7 +15,14 @@ from pathlib import Path
 import pytest
 
 import chkpt_opt.solvers
-from chkpt_opt.bench.sweep import COLUMNS, SweepFileError, make_tasks, read_rows, run_sweep
+from chkpt_opt.bench.sweep import (
+    COLUMNS,
+    SweepFileError,
+    make_tasks,
+    read_rows,
+    row_key,
+    run_sweep,
+)
 from chkpt_opt.cli import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, main
 from chkpt_opt.corpus import generate_corpus
 
@@ -92,7 +98,7 @@ def test_interrupted_sweep_keeps_finished_rows_and_resumes(tmp_path: Path) -> No
     lines = _csv_lines(path)
     assert lines[:4] == kept and len(lines) == 1 + len(tasks)
     assert not path.with_name(path.name + ".partial").exists()
-    keys = [(r["graph"], r["solver"], r["budget_fraction"]) for r in outcome.rows]
+    keys = [row_key(r) for r in outcome.rows]
     assert sorted(keys) == sorted(t.key for t in tasks)
 
 
@@ -231,14 +237,8 @@ def test_bench_runs_on_a_ray_cluster(
     )
     assert done.returncode == EXIT_OK, done.stderr[-3000:]
     assert json.loads(done.stdout)["rows"] == 12
-    with (out / "results.csv").open(newline="", encoding="utf-8") as handle:
-        ray_rows = {
-            (r["graph"], r["solver"], r["budget_fraction"]): r for r in csv.DictReader(handle)
-        }
-    local = {
-        (r["graph"], r["solver"], r["budget_fraction"]): r
-        for r in run_sweep(_tasks(), tmp_path / "local.csv", workers=1).rows
-    }
+    ray_rows = {row_key(r): r for r in read_rows(out / "results.csv")}
+    local = {row_key(r): r for r in run_sweep(_tasks(), tmp_path / "local.csv", workers=1).rows}
     assert ray_rows.keys() == local.keys()
     for key, row in local.items():  # the same schedules, wherever they were solved
         for column in ("status", "peak_bytes", "objective_s", "regions"):

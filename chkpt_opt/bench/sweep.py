@@ -178,6 +178,11 @@ def run_task(task: BenchTask) -> dict[str, Any]:
     }
 
 
+def row_key(row: dict[str, str]) -> tuple[str, str, str]:
+    """What identifies a CSV row's task: the same tuple as :attr:`BenchTask.key`."""
+    return (row["graph"], row["solver"], row["budget_fraction"])
+
+
 def read_rows(csv_path: str | Path) -> list[dict[str, str]]:
     """Rows of a sweep CSV; a torn last line (from an interrupted run) is dropped."""
     path = Path(csv_path)
@@ -281,7 +286,7 @@ def run_sweep(
     """
     path = Path(csv_path)
     kept = read_rows(path)
-    done = {(r["graph"], r["solver"], r["budget_fraction"]) for r in kept}
+    done = {row_key(r) for r in kept}
     pending = [t for t in tasks if t.key not in done]
     log.info(
         "sweep: %d tasks, %d already done, %d to run",
