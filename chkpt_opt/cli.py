@@ -29,6 +29,7 @@ from chkpt_opt.errors import (
     InfeasibleBudgetError,
     ScheduleError,
     SolverError,
+    SweepError,
     TraceError,
 )
 
@@ -437,7 +438,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plot_overhead_vs_budget,
         plot_solve_time,
     )
-    from chkpt_opt.bench.sweep import SweepError, make_tasks, run_sweep
+    from chkpt_opt.bench.sweep import make_tasks, run_sweep
     from chkpt_opt.graphs.io import load_graph
     from chkpt_opt.solvers import get_solver
 
@@ -456,17 +457,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     tasks = make_tasks(graphs, args.solvers, args.budgets, time_limit_s=args.time_limit)
     out = Path(args.output)
     progress = _Progress("bench", not args.json)
-    try:
-        outcome = run_sweep(
-            tasks,
-            out / "results.csv",
-            workers=args.workers,
-            ray_address=args.ray_address,
-            progress=progress,
-        )
-    except SweepError as err:  # a foreign results file, an unreachable cluster
-        print(f"chkpt-opt: {err}", file=sys.stderr)
-        return EXIT_INPUT
+    outcome = run_sweep(
+        tasks,
+        out / "results.csv",
+        workers=args.workers,
+        ray_address=args.ray_address,
+        progress=progress,
+    )
     rows = outcome.rows
     (out / "table.tex").write_text(latex_table(rows), encoding="utf-8")
     (out / "summary.md").write_text(markdown_summary(rows), encoding="utf-8")
@@ -825,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TraceError as err:
         print(f"chkpt-opt: {err}", file=sys.stderr)
         return EXIT_TRACE
-    except (BudgetError, GraphFormatError, ScheduleError, SolverError) as err:
+    except (BudgetError, GraphFormatError, ScheduleError, SolverError, SweepError) as err:
         print(f"chkpt-opt: {err}", file=sys.stderr)
         return EXIT_INPUT
     except ChkptOptError as err:

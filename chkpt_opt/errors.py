@@ -55,6 +55,10 @@ class SolverError(ChkptOptError):
     """A solver name is unknown or a solver failed."""
 
 
+class SweepError(ChkptOptError, ValueError):
+    """A benchmark sweep cannot start: its results file or its cluster is not usable."""
+
+
 def short(value: object, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters, so that a hostile file cannot make a
     megabyte-long error message."""

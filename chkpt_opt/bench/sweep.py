@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chkpt_opt.errors import ChkptOptError
+from chkpt_opt.errors import SweepError
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,6 @@ COLUMNS = (
     "regions",
     "solve_s",
 )
-
-
-class SweepError(ChkptOptError, ValueError):
-    """A sweep cannot start: its results file or its cluster is not usable."""
 
 
 class SweepFileError(SweepError):
@@ -283,6 +279,7 @@ def run_sweep(
 
     Raises:
         SweepFileError: ``csv_path`` exists and is not a sweep CSV.
+        SweepError: ``ray_address`` is given and Ray is missing or the cluster unreachable.
     """
     path = Path(csv_path)
     kept = read_rows(path)
