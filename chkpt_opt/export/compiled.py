@@ -38,14 +38,12 @@ class CompiledLowering:
         eager_peak_bytes: allocator peak of one step of the eager plan module.
         compiled_peak_bytes: allocator peak of one step of the compiled plan module.
         budget_dynamic_bytes: the plan's budget less its resident bytes (what the step may use).
-        notes: what compilation changed, in words.
     """
 
     planned_peak_bytes: int
     eager_peak_bytes: int
     compiled_peak_bytes: int
     budget_dynamic_bytes: int
-    notes: tuple[str, ...]
 
     @property
     def meets_budget(self) -> bool:
@@ -57,21 +55,22 @@ class CompiledLowering:
         """Compiled peak relative to the eager one (-0.3: compiled holds 30% less)."""
         return self.compiled_peak_bytes / max(self.eager_peak_bytes, 1) - 1.0
 
-
-def _notes(eager: int, compiled: int) -> tuple[str, ...]:
-    change = compiled / max(eager, 1) - 1.0
-    if abs(change) <= EQUAL_WITHIN:
-        return ("the compiled step holds what the plan holds (within 2%)",)
-    if change < 0:
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What compilation changed, in words."""
+        change = self.change
+        if abs(change) <= EQUAL_WITHIN:
+            return (f"the compiled step holds what the plan holds (within {EQUAL_WITHIN:.0%})",)
+        if change < 0:
+            return (
+                f"the compiled step holds {-change:.0%} less than the eager plan: the "
+                "partitioner recomputes more than the plan asks for, so the step costs more "
+                "compute than the plan's estimate (time it before relying on the estimate)",
+            )
         return (
-            f"the compiled step holds {-change:.0%} less than the eager plan: the partitioner "
-            "recomputes more than the plan asks for, so the step costs more compute than "
-            "the plan's estimate (time it before relying on the estimate)",
+            f"the compiled step holds {change:.0%} more than the eager plan: the compiled "
+            "backward keeps tensors the plan drops",
         )
-    return (
-        f"the compiled step holds {change:.0%} more than the eager plan: the compiled "
-        "backward keeps tensors the plan drops",
-    )
 
 
 def measure_compiled(
@@ -104,6 +103,5 @@ def measure_compiled(
         planned_peak_bytes=plan.profile.peak_bytes,
         eager_peak_bytes=eager,
         compiled_peak_bytes=compiled,
-        budget_dynamic_bytes=plan.budget.total_bytes - plan.static.resident_bytes,
-        notes=_notes(eager, compiled),
+        budget_dynamic_bytes=plan.activation_budget_bytes,
     )
