@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -22,21 +22,32 @@ def _float(value: str) -> float | None:
         return None
 
 
-def latex_table(rows: Sequence[dict[str, str]]) -> str:
-    """A booktabs table of overheads (graph x budget rows, solver columns)."""
+def _grid(
+    rows: Sequence[dict[str, str]], cell: Callable[[dict[str, str], float | None], str]
+) -> tuple[list[str], dict[tuple[str, str], dict[str, str]], dict[str, int]]:
+    """The solvers, the cell text of every (graph, budget fraction) and solver, and each
+    graph's op count. ``cell`` gets a row and its overhead (None: nothing fits the budget)."""
     solvers = sorted({r["solver"] for r in rows})
     cells: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
-    nodes: dict[str, str] = {}
+    nodes: dict[str, int] = {}
     for r in rows:
         overhead = _float(r["overhead"])
-        if r["status"] in ("optimal", "feasible") and overhead is not None:
-            text = f"{100 * overhead:.1f}"
-            if r["status"] == "optimal":
-                text = f"\\textbf{{{text}}}"
-        else:
-            text = "$\\dagger$"
-        cells[(r["graph"], r["budget_fraction"])][r["solver"]] = text
-        nodes[r["graph"]] = r["nodes"]
+        fits = r["status"] in ("optimal", "feasible") and overhead is not None
+        cells[(r["graph"], r["budget_fraction"])][r["solver"]] = cell(r, overhead if fits else None)
+        nodes[r["graph"]] = int(r["nodes"])
+    return solvers, cells, nodes
+
+
+def latex_table(rows: Sequence[dict[str, str]]) -> str:
+    """A booktabs table of overheads (graph x budget rows, solver columns)."""
+
+    def cell(r: dict[str, str], overhead: float | None) -> str:
+        if overhead is None:
+            return "$\\dagger$"
+        text = f"{100 * overhead:.1f}"
+        return f"\\textbf{{{text}}}" if r["status"] == "optimal" else text
+
+    solvers, cells, nodes = _grid(rows, cell)
     lines = [
         "\\begin{tabular}{lrr" + "r" * len(solvers) + "}",
         "\\toprule",
@@ -66,22 +77,18 @@ def markdown_summary(rows: Sequence[dict[str, str]]) -> str:
     ``12.3%*``: proven optimal; ``12.3%``: feasible; ``12.3% (gap 0.5%)``: feasible with a
     proven gap; ``-``: no schedule within the budget (infeasible or not found).
     """
-    solvers = sorted({r["solver"] for r in rows})
-    cells: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
-    nodes: dict[str, int] = {}
-    for r in rows:
-        overhead = _float(r["overhead"])
-        if r["status"] in ("optimal", "feasible") and overhead is not None:
-            text = f"{100 * overhead:.1f}%"
-            if r["status"] == "optimal":
-                text += "*"
-            elif _float(r["gap"]) is not None:
-                text += f" (gap {100 * float(r['gap']):.1f}%)"
-            text += f" {float(r['solve_s']):.0f}s"
-        else:
-            text = "-"
-        cells[(r["graph"], r["budget_fraction"])][r["solver"]] = text
-        nodes[r["graph"]] = int(r["nodes"])
+
+    def cell(r: dict[str, str], overhead: float | None) -> str:
+        if overhead is None:
+            return "-"
+        text = f"{100 * overhead:.1f}%"
+        if r["status"] == "optimal":
+            text += "*"
+        elif _float(r["gap"]) is not None:
+            text += f" (gap {100 * float(r['gap']):.1f}%)"
+        return text + f" {float(r['solve_s']):.0f}s"
+
+    solvers, cells, nodes = _grid(rows, cell)
     lines = [
         "| graph | ops | budget | " + " | ".join(solvers) + " |",
         "|---|---|---|" + "---|" * len(solvers),
