@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chkpt_opt.solvers.interval_model import IntervalModel
+from chkpt_opt.solvers.interval_model import Interval, IntervalModel
 
 MAX_OBJECTIVE_UNITS = 2**40
 
@@ -162,13 +162,8 @@ def build_program(model: IntervalModel, *, tight: bool = True) -> IntervalProgra
                 y_terms[s].append((y_of[lt, k], life.size_bytes // unit))
             lo = end
     for k, iv in enumerate(intervals):
-        if iv.replay_slot is None:
-            continue
-        if iv.replay_peak_bytes:
-            x_terms[iv.replay_slot].append((k, iv.replay_peak_bytes // unit))
-        for end, nbytes in iv.held_after_replay:
-            for s in range(iv.replay_slot + 1, min(end, last) + 1):
-                x_terms[s].append((k, nbytes // unit))
+        for s, coef in _interval_profile(iv, last):
+            x_terms[s].append((k, coef // unit))
     merged: dict[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]], list[int]] = {}
     fixed = 0
     for s in range(model.n_slots):
@@ -201,6 +196,24 @@ def build_program(model: IntervalModel, *, tight: bool = True) -> IntervalProgra
         starts=tuple(tuple(s) for s in starts),
         stops=tuple(tuple(s) for s in stops),
     )
+
+
+def _interval_profile(iv: Interval, last: int) -> list[tuple[int, int]]:
+    """``(slot, bytes)`` of a chosen interval at every slot it adds bytes to: its replay peak
+    at the replay slot, and after it the recomputed storages it still holds (summed)."""
+    if iv.replay_slot is None:
+        return []
+    profile = [(iv.replay_slot, iv.replay_peak_bytes)] if iv.replay_peak_bytes else []
+    # held_after_replay is sorted by end: the bytes held drop at each end.
+    held = sum(nbytes for _, nbytes in iv.held_after_replay)
+    s = iv.replay_slot + 1
+    for end, nbytes in iv.held_after_replay:
+        stop = min(end, last)
+        if held:
+            profile.extend((slot, held) for slot in range(s, stop + 1))
+        s = max(s, stop + 1)
+        held -= nbytes
+    return profile
 
 
 def _combine(terms: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
