@@ -42,10 +42,19 @@ On large graphs the candidate intervals can be restricted to boundaries in a sub
 cut positions (``positions``), or kept inside segments (``segments``, for the hierarchical
 solver); the model is then exact for the schedules whose regions obey the restriction, and
 ``complete`` is False.
+
+Intervals can also be left out by cost (``max_cost_s``): every interval whose recompute time
+alone exceeds it. This is exact for every schedule costing at most ``max_cost_s`` (each of
+its regions costs no more than the whole), so with ``max_cost_s`` at least the cost of a
+known schedule that fits the budget, the optimum is still in the model (see
+:mod:`chkpt_opt.solvers.pruning`). A region's cost only grows when its end moves right, so the
+builder stops extending a start at the first interval over the cap and never builds the rest.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -152,6 +161,8 @@ class IntervalModel:
             bound restricts the intervals (then the model is exact for the whole schedule
             model).
         total_fwd_s: forward time of all ops (no schedule recomputes more).
+        max_cost_s: intervals whose recompute time exceeds this were left out (None: none
+            were); the model is then exact only for schedules costing at most this.
     """
 
     n_ops: int
@@ -164,6 +175,7 @@ class IntervalModel:
     base_bytes: tuple[int, ...]
     complete: bool
     total_fwd_s: float
+    max_cost_s: float | None = None
 
     @property
     def n_slots(self) -> int:
@@ -261,11 +273,17 @@ def simulator_slot_bytes(model: IntervalModel, profile: MemoryProfile) -> list[i
     return result
 
 
+class BuildTimeout(SolverError):
+    """Building the model ran past its deadline."""
+
+
 def build_interval_model(
     graph: CostGraph,
     *,
     positions: Sequence[int] | None = None,
     segments: Sequence[int] = (),
+    max_cost_s: float | None = None,
+    deadline: float | None = None,
 ) -> IntervalModel:
     """Precomputes the interval model of ``graph``.
 
@@ -275,20 +293,34 @@ def build_interval_model(
             every allowed cut position (the exact model). Invalid positions are refused.
         segments: positions no interval may cross (an interval may start or stop there);
             used by the hierarchical solver to keep regions inside blocks.
+        max_cost_s: leave out every interval whose recompute time exceeds this (see the
+            module docstring); None keeps all.
+        deadline: a ``time.perf_counter()`` value; the build stops with
+            :class:`BuildTimeout` once it is passed (None: no limit).
 
     Raises:
         SolverError: if ``positions`` holds a position that is not an allowed cut.
+        BuildTimeout: if the build runs past ``deadline``.
     """
-    return _Builder(graph, positions, segments).build()
+    if max_cost_s is not None and not max_cost_s >= 0:
+        raise SolverError(f"max_cost_s must be a number >= 0, got {max_cost_s!r}.")
+    return _Builder(graph, positions, segments, max_cost_s, deadline).build()
 
 
 class _Builder:
     """Builds an :class:`IntervalModel` (one pass per quantity, mirroring lowering.py)."""
 
     def __init__(
-        self, graph: CostGraph, positions: Sequence[int] | None, segments: Sequence[int]
+        self,
+        graph: CostGraph,
+        positions: Sequence[int] | None,
+        segments: Sequence[int],
+        max_cost_s: float | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.graph = graph
+        self.max_cost_s = max_cost_s
+        self.deadline = deadline
         self.nodes = graph.nodes
         self.order = ordered_nodes(graph)
         self.n = len(self.order)
@@ -357,6 +389,14 @@ class _Builder:
         for s in range(first, last + 1):
             values[s] += nbytes
 
+    def check_deadline(self, what: str) -> None:
+        """Raises BuildTimeout once the deadline has passed."""
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise BuildTimeout(
+                f"building the interval model of graph {self.graph.graph.get('name', '')!r} "
+                f"ran out of time ({what})."
+            )
+
     def kept(self, i: int) -> int:
         """``kept_until`` of op ``i`` as a slot."""
         return self.bwd_slot.get(self.order[i], self.end)
@@ -371,7 +411,9 @@ class _Builder:
         saver = [bool(nodes[v]["saved"]) for v in self.order]
         intervals: list[Interval] = []
         replay_cache: dict[tuple[int, int, int], tuple[int, tuple[tuple[int, int], ...]]] = {}
+        cap = math.inf if self.max_cost_s is None else self.max_cost_s
         for ai, a in enumerate(self.positions):
+            self.check_deadline("intervals")
             first_packer = next((i for i in range(a, n) if packer[i]), None)
             limit = next((p for p in self.bounds if p > a), self.n)
             for b in self.positions[ai + 1 :]:
@@ -395,12 +437,14 @@ class _Builder:
                     continue
                 assert trigger is not None
                 last_replayed = a + n_replayed - 1
+                cost = sum(nodes[self.order[i]]["fwd_time_s"] for i in range(a, last_replayed + 1))
+                if cost > cap:
+                    break  # a later stop replays at least these ops: it costs at least as much
                 last_saver = next((i for i in range(b - 1, a - 1, -1) if saver[i]), a)
                 key = (a, last_replayed, last_saver)
                 if key not in replay_cache:
                     replay_cache[key] = self._replay(a, last_replayed, last_saver)
                 peak, held = replay_cache[key]
-                cost = sum(nodes[self.order[i]]["fwd_time_s"] for i in range(a, last_replayed + 1))
                 replay_slot = self.slot_index[("recompute", self.order[trigger])]
                 intervals.append(Interval(a, b, cost, replay_slot, release, peak, held))
         self.intervals = intervals
@@ -434,13 +478,18 @@ class _Builder:
             for sid in nodes[self.order[i]]["saved"]:
                 if self.owner_idx[sid] >= a and sid in size:
                     held[sid] = max(held.get(sid, -1), self.kept(i))
+        # Bytes alive at each step: a storage lives from its birth to its last read (to the
+        # end of the replay when a saver holds it); summed with a difference array.
+        delta = [0] * (last - a + 2)
+        for sid, nbytes in size.items():
+            until = last if sid in held else max(born[sid], last_read.get(sid, -1))
+            if until >= born[sid]:
+                delta[born[sid] - a] += nbytes
+                delta[min(until, last) - a + 1] -= nbytes
         peak = 0
+        alive = 0
         for i in steps:
-            alive = sum(
-                nbytes
-                for sid, nbytes in size.items()
-                if born[sid] <= i and (sid in held or max(born[sid], last_read.get(sid, -1)) >= i)
-            )
+            alive += delta[i - a]
             peak = max(peak, alive + nodes[self.order[i]]["fwd_workspace_bytes"])
         by_end: dict[int, int] = {}
         for sid, last in held.items():
@@ -480,7 +529,9 @@ class _Builder:
                 containing[i].append(k)
         lifetimes: list[Lifetime] = []
         base = self.base
-        for sid in sorted(size, key=lambda s: (alloc[s], s)):
+        for count, sid in enumerate(sorted(size, key=lambda s: (alloc[s], s))):
+            if count % 64 == 0:
+                self.check_deadline("lifetimes")
             o = self.owner_idx[sid]
             fixed = fixed_end[sid]
             self._add_range(base, alloc[sid], min(fixed, self.end - 1), size[sid])
@@ -524,5 +575,6 @@ class _Builder:
             lifetimes=tuple(self.lifetimes),
             base_bytes=tuple(self.base),
             complete=self.complete,
+            max_cost_s=self.max_cost_s,
             total_fwd_s=sum(self.nodes[v]["fwd_time_s"] for v in self.order),
         )
