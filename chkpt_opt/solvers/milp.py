@@ -20,6 +20,7 @@ run single-threaded with a fixed seed, so results are deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ from chkpt_opt.solvers.interval_program import IntervalProgram
 from chkpt_opt.solvers.interval_solve import (
     DEFAULT_MAX_POSITIONS,
     Outcome,
+    Prepared,
     finish,
     keep_all_result,
     prepare,
@@ -92,30 +94,40 @@ def build_milp(
     # y[j]: lifetime y_keys[j][0] is held at least until its end y_keys[j][1].
     y = [new(*bounds, f"y{lt}_{k}") for lt, k in program.y_keys]
 
+    # Rows are set coefficient by coefficient: building them as Python expressions takes
+    # 20 times longer on programs of a million nonzeros.
+    inf = solver.infinity()
+
+    def row(lb: float, ub: float, terms: list[tuple[pywraplp.Variable, float]]) -> None:
+        constraint = solver.Constraint(lb, ub)
+        for var, coef in terms:
+            constraint.SetCoefficient(var, coef)
+
     for p in range(n + 1):
         out = ([z[p]] if p < n else []) + [x[k] for k in program.starts[p]]
         into = ([z[p - 1]] if p > 0 else []) + [x[k] for k in program.stops[p]]
         if p == 0:
-            solver.Add(sum(out) == 1)
+            row(1, 1, [(var, 1) for var in out])
         elif p == n:
-            solver.Add(sum(into) == 1)
+            row(1, 1, [(var, 1) for var in into])
         else:
-            solver.Add(sum(out) == sum(into))
-    for row in program.holds:
-        rhs = [x[k] for k in row.x_ids] + ([z[row.node]] if row.node is not None else [])
-        solver.Add(y[row.y_var] >= sum(rhs))
+            row(0, 0, [(var, 1) for var in out] + [(var, -1) for var in into])
+    for hold in program.holds:
+        rhs = [x[k] for k in hold.x_ids] + ([z[hold.node]] if hold.node is not None else [])
+        row(0, inf, [(y[hold.y_var], 1)] + [(var, -1) for var in rhs])
     for hi, lo in program.chains:
-        solver.Add(y[hi] >= y[lo])
-    for row in program.memory_rows:
-        solver.Add(
-            sum(c * x[k] for k, c in row.x_terms) + sum(c * y[j] for j, c in row.y_terms)
-            <= budget_units - row.const
-        )
+        row(0, inf, [(y[hi], 1), (y[lo], -1)])
+    for mem in program.memory_rows:
+        terms = [(x[k], c) for k, c in mem.x_terms] + [(y[j], c) for j, c in mem.y_terms]
+        row(-inf, budget_units - mem.const, terms)
     if program.fixed_bytes // program.byte_unit > budget_units:
-        solver.Add(z[0] >= 2)  # the schedule-independent bytes alone exceed the budget
+        row(2, inf, [(z[0], 1)])  # the schedule-independent bytes alone exceed the budget
 
     scale = OBJECTIVE_UNITS / model.total_fwd_s if model.total_fwd_s > 0 else 1.0
-    solver.Minimize(sum(iv.cost_s * scale * x[k] for k, iv in enumerate(model.intervals)))
+    objective = solver.Objective()
+    for k, iv in enumerate(model.intervals):
+        objective.SetCoefficient(x[k], iv.cost_s * scale)
+    objective.SetMinimization()
     return solver, MilpVariables(z, x, y)
 
 
@@ -143,6 +155,69 @@ def run_milp(
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(params.RELATIVE_MIP_GAP, 0.0)
     return solver.Solve(params)
+
+
+def solve_milp(
+    prepared: Prepared,
+    budget_bytes: int,
+    *,
+    backend: str = DEFAULT_BACKEND,
+    seed: int = 0,
+    hint_ids: list[int] | None = None,
+    time_limit_s: float | None = None,
+) -> Outcome:
+    """Solves the program of ``prepared`` as a MILP under ``budget_bytes``.
+
+    The rounded solution is evaluated exactly by the interval model; when it exceeds the
+    budget by a few bytes (backend tolerances) the MILP is solved again with the budget
+    tightened by the excess, up to :data:`MAX_TIGHTENINGS` times (no proof then).
+
+    Args:
+        prepared: the interval model and its program.
+        budget_bytes: the budget.
+        backend: ``"highs"`` or ``"scip"``.
+        seed: the backend's random seed.
+        hint_ids: interval ids of a known schedule, hinted where the backend takes hints.
+        time_limit_s: limit of all the solves together.
+    """
+    start = time.perf_counter()
+    model, program = prepared.model, prepared.program
+    scale = OBJECTIVE_UNITS / model.total_fwd_s if model.total_fwd_s > 0 else 1.0
+    budget_units = program.budget_units(budget_bytes)
+    first_bound: float | None = None
+    first_status: int | None = None
+    chosen: list[int] | None = None
+    stats: dict[str, Any] = {"backend": backend, "tightenings": 0}
+    for attempt in range(MAX_TIGHTENINGS + 1):
+        solver, v = build_milp(program, budget_units, backend=backend)
+        if hint_ids is not None and backend in HINTED_BACKENDS:
+            z, x, y = program.values(hint_ids)
+            solver.SetHint(v.z + v.x + v.y, [float(a) for a in z + x + y])
+        status = run_milp(
+            solver, time_limit_s=_remaining(time_limit_s, start), seed=seed, backend=backend
+        )
+        found = status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
+        if attempt == 0:
+            first_status = status
+            # OR-Tools reports HiGHS' incumbent as its bound: only a proof counts there.
+            if status == pywraplp.Solver.OPTIMAL or (found and backend == "scip"):
+                first_bound = solver.Objective().BestBound()
+        if not found:
+            break
+        chosen = [k for k, var in enumerate(v.x) if var.solution_value() > 0.5]
+        excess = model.peak_bytes(chosen) - budget_bytes
+        if excess <= 0:
+            break
+        stats["tightenings"] = attempt + 1
+        budget_units -= -(-excess // program.byte_unit)
+        chosen = None
+    stats["milp_status"] = _STATUS.get(first_status, str(first_status))
+    proven = first_status == pywraplp.Solver.OPTIMAL and stats["tightenings"] == 0
+    infeasible = first_status == pywraplp.Solver.INFEASIBLE
+    # The objective's rounding error at this scale is negligible; take the bound as is,
+    # scaled to integer-cost units for finish().
+    bound_units = None if first_bound is None else first_bound / scale * program.cost_scale
+    return Outcome(chosen, proven and chosen is not None, infeasible, bound_units, stats)
 
 
 @register("milp", "MILP over the interval model (HiGHS or SCIP): optimal schedule, proven bound")
@@ -175,54 +250,24 @@ class MilpSolver:
         if trivial is not None:
             return trivial
         prepared = prepare(graph, max_positions=self.max_positions)
-        model, program = prepared.model, prepared.program
-        fallback, hint_ids = warm_start(graph, budget_bytes, model, time_limit_s=None)
-        scale = OBJECTIVE_UNITS / model.total_fwd_s if model.total_fwd_s > 0 else 1.0
-
-        budget_units = program.budget_units(budget_bytes)
-        first_bound: float | None = None
-        first_status: int | None = None
-        chosen: list[int] | None = None
-        stats: dict[str, Any] = {"backend": self.backend, "tightenings": 0}
-        for attempt in range(MAX_TIGHTENINGS + 1):
-            solver, v = build_milp(program, budget_units, backend=self.backend)
-            if self.warm_start and hint_ids is not None and self.backend in HINTED_BACKENDS:
-                z, x, y = program.values(hint_ids)
-                solver.SetHint(v.z + v.x + v.y, [float(a) for a in z + x + y])
-            status = run_milp(
-                solver,
-                time_limit_s=_remaining(time_limit_s, start),
-                seed=self.seed,
-                backend=self.backend,
-            )
-            found = status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
-            if attempt == 0:
-                first_status = status
-                # OR-Tools reports HiGHS' incumbent as its bound: only a proof counts there.
-                if status == pywraplp.Solver.OPTIMAL or (found and self.backend == "scip"):
-                    first_bound = solver.Objective().BestBound()
-            if not found:
-                break
-            chosen = [k for k, var in enumerate(v.x) if var.solution_value() > 0.5]
-            excess = model.peak_bytes(chosen) - budget_bytes
-            if excess <= 0:
-                break
-            stats["tightenings"] = attempt + 1
-            budget_units -= -(-excess // program.byte_unit)
-            chosen = None
-        stats["milp_status"] = _STATUS.get(first_status, str(first_status))
-        proven = first_status == pywraplp.Solver.OPTIMAL and stats["tightenings"] == 0
-        infeasible = first_status == pywraplp.Solver.INFEASIBLE
-        # The objective's rounding error at this scale is negligible; take the bound as is,
-        # scaled to integer-cost units for finish().
-        bound_units = None if first_bound is None else first_bound / scale * program.cost_scale
-        outcome = Outcome(chosen, proven and chosen is not None, infeasible, bound_units, stats)
+        fallback, hint_ids = warm_start(graph, budget_bytes, prepared.model, time_limit_s=None)
+        outcome = solve_milp(
+            prepared,
+            budget_bytes,
+            backend=self.backend,
+            seed=self.seed,
+            hint_ids=hint_ids if self.warm_start else None,
+            time_limit_s=_remaining(time_limit_s, start),
+        )
+        stats = dict(outcome.stats)
+        infeasible = outcome.proven_infeasible
         lowest = None
         if infeasible:
             schedule, profile, lower, min_proven = solve_min_peak(
                 graph, prepared, time_limit_s=_remaining(time_limit_s, start), seed=self.seed
             )
             lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=min_proven)
+            outcome = dataclasses.replace(outcome, stats=stats)
         return finish(
             graph,
             budget_bytes,
