@@ -203,10 +203,15 @@ def finish(
         solver: the solver's name.
         start: ``time.perf_counter()`` when the solve began.
         fallback: the heuristic result (returned when it beats the solver's, e.g. on a
-            time-out).
+            time-out). When the model left out intervals by cost (``max_cost_s``), the
+            solver's bound and proof hold for the whole schedule model only if ``fallback``
+            fits and costs at most ``max_cost_s`` (then the optimum is in the model).
         lowest: the lowest-peak schedule known, returned when the budget is infeasible.
     """
     model, program = prepared.model, prepared.program
+    exact = model.complete and (
+        model.max_cost_s is None or (fallback.feasible and fallback.objective <= model.max_cost_s)
+    )
     stats: dict[str, Any] = {
         "candidate_positions": len(model.positions),
         "complete_model": model.complete,
@@ -216,14 +221,16 @@ def finish(
         "build_s": prepared.build_s,
         **outcome.stats,
     }
-    if not model.complete:
+    if model.max_cost_s is not None:
+        stats["max_interval_cost_s"] = model.max_cost_s
+    if not exact:
         stats["optimal_in_candidate_subset"] = outcome.proven_optimal
     bound = None
-    if model.complete and outcome.bound_units is not None:
+    if exact and outcome.bound_units is not None:
         # Costs are rounded to 1/cost_scale s per interval: allow for it so the bound holds.
         slack = 0.5 * model.n_ops / program.cost_scale
         bound = max(0.0, outcome.bound_units / program.cost_scale - slack)
-    proven = model.complete and outcome.proven_optimal
+    proven = exact and outcome.proven_optimal
     elapsed = time.perf_counter() - start
     if outcome.chosen is not None:
         schedule, profile = judged(graph, model, outcome.chosen)
@@ -260,7 +267,7 @@ def finish(
         )
         if result.feasible:  # the heuristic's lowest-peak schedule fits after all
             return result
-        if not outcome.proven_infeasible:
+        if not (outcome.proven_infeasible and exact):
             return dataclasses.replace(result, status=SolveStatus.TIMED_OUT)
         return result
     stats["chosen_from"] = fallback.solver

@@ -82,6 +82,7 @@ _BUILTIN = (
     "lp_round",
     "hierarchical",
     "dp_chain",
+    "pruning",
 )
 _UNAVAILABLE: dict[str, str] = {}
 

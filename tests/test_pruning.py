@@ -1,0 +1,209 @@
+"""Exact pruning of the every-cut interval program (chkpt_opt.solvers.pruning).
+
+The cost-pruned model is the full model less its intervals over the cap, built without ever
+building them; restricting a model to a set of intervals gives what the builder would build
+from them; the pruned model and the reduced-cost fixing keep the incumbent; the solver over
+the pruned program equals brute-force enumeration, also with the cap at the optimum itself
+(the ``>`` against ``>=`` edge); every reported bound is at most the true optimum; the build
+stops at its deadline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+import pytest
+
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.synthetic import chain_graph, random_dag
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers.enumerate import best_for_budget, evaluate_all, pareto_front
+from chkpt_opt.solvers.interval_model import BuildTimeout, build_interval_model
+from chkpt_opt.solvers.interval_program import build_program
+from chkpt_opt.solvers.interval_solve import Prepared, finish
+from chkpt_opt.solvers.milp import solve_milp
+from chkpt_opt.solvers.pruning import cost_cap, reduced_cost_fixing, restrict
+from tests.conftest import REL, assert_valid_result
+
+
+def _graphs() -> list[CostGraph]:
+    graphs = [random_dag(8, seed=s, skip_prob=0.5, max_inputs=3) for s in (2, 3, 4)]
+    graphs += [random_dag(10, seed=s, skip_prob=0.4, max_inputs=3) for s in (4, 6)]
+    graphs.append(
+        chain_graph(
+            9,
+            activation_bytes=[(k % 3 + 1) << 16 for k in range(9)],
+            fwd_time_s=[1e-3 * (1 + k % 4) for k in range(9)],
+            saves="input",
+        )
+    )
+    return graphs
+
+
+_BUDGETS: dict[str, tuple[list, list[int]]] = {}
+
+
+def _budgets(graph: CostGraph) -> tuple[list, list[int]]:
+    """Every schedule of ``graph`` evaluated (once per graph), and budgets along its front."""
+    key = graph.graph["name"]
+    if key not in _BUDGETS:
+        _BUDGETS[key] = _evaluate(graph)
+    return _BUDGETS[key]
+
+
+def _evaluate(graph: CostGraph) -> tuple[list, list[int]]:
+    evaluated, complete = evaluate_all(graph)
+    assert complete
+    front = pareto_front(evaluated)
+    lo, hi = front[0].peak_bytes, simulate(graph, Schedule()).peak_bytes
+    budgets = sorted(
+        {lo, *(lo + (hi - lo) * k // 6 for k in range(6))} | {e.peak_bytes for e in front}
+    )
+    return evaluated, budgets
+
+
+def _same_memory(full, pruned, rng: random.Random, n: int = 40) -> None:
+    """Random disjoint choices of the pruned model's intervals have the same slot bytes in
+    both models."""
+    index = {(iv.start, iv.stop): k for k, iv in enumerate(full.intervals)}
+    for _ in range(n):
+        chosen, used = [], set()
+        for k in rng.sample(range(len(pruned.intervals)), min(4, len(pruned.intervals))):
+            iv = pruned.intervals[k]
+            span = set(range(iv.start, iv.stop))
+            if not span & used:
+                chosen.append(k)
+                used |= span
+        mapped = [index[pruned.intervals[k].start, pruned.intervals[k].stop] for k in chosen]
+        assert pruned.slot_bytes(chosen) == full.slot_bytes(mapped)
+
+
+def test_cost_pruned_model_is_the_full_model_less_the_costly_intervals() -> None:
+    rng = random.Random(0)
+    for graph in [*_graphs(), random_dag(40, seed=1, skip_prob=0.5, max_inputs=3)]:
+        full = build_interval_model(graph)
+        costs = sorted({iv.cost_s for iv in full.intervals})
+        for cap in (0.0, costs[len(costs) // 3], costs[2 * len(costs) // 3]):
+            pruned = build_interval_model(graph, max_cost_s=cap)
+            assert list(pruned.intervals) == [iv for iv in full.intervals if iv.cost_s <= cap]
+            assert pruned.max_cost_s == cap
+            keep = [k for k, iv in enumerate(full.intervals) if iv.cost_s <= cap]
+            assert dataclasses.replace(restrict(full, keep), max_cost_s=cap) == pruned
+            _same_memory(full, pruned, rng)
+
+
+def test_pruned_models_hold_the_incumbent() -> None:
+    for graph in _graphs():
+        _, budgets = _budgets(graph)
+        for budget in budgets:
+            greedy = get_solver("greedy")(graph, budget)
+            if not greedy.feasible:
+                continue
+            model = build_interval_model(graph, max_cost_s=cost_cap(greedy.objective))
+            ids = model.interval_ids(greedy.schedule.spans(graph))  # raises if left out
+            program = build_program(model)
+            fixing = reduced_cost_fixing(program, budget, greedy.objective, protect=ids)
+            assert set(ids) <= set(fixing.keep)
+            restricted = restrict(model, fixing.keep)
+            kept = restricted.interval_ids(greedy.schedule.spans(graph))  # raises if left out
+            assert restricted.cost_s(kept) == pytest.approx(greedy.objective, rel=REL, abs=1e-15)
+            assert restricted.peak_bytes(kept) == greedy.peak_bytes
+
+
+@pytest.mark.parametrize("tight_cap", [False, True], ids=["greedy_cap", "cap_at_optimum"])
+def test_pruned_program_equals_enumeration(tight_cap: bool) -> None:
+    """With the cap at greedy's cost, or at the optimum itself (the edge case: intervals
+    costing exactly the cap must stay), the MILP over the pruned program finds the optimum,
+    proven, and its bound and the LP's are at most the optimum."""
+    for graph in _graphs():
+        evaluated, budgets = _budgets(graph)
+        for budget in budgets:
+            best = best_for_budget(evaluated, budget)
+            greedy = get_solver("greedy")(graph, budget)
+            if best is None or not greedy.feasible:
+                continue
+            upper = best.recompute_s if tight_cap else greedy.objective
+            model = build_interval_model(graph, max_cost_s=cost_cap(upper))
+            program = build_program(model)
+            fixing = reduced_cost_fixing(program, budget, upper)
+            assert fixing.bound_s is not None
+            assert fixing.bound_s <= best.recompute_s * (1 + REL) + 1e-15
+            model = restrict(model, fixing.keep)
+            prepared = Prepared(model, build_program(model), 0.0)
+            outcome = solve_milp(prepared, budget)
+            # finish() trusts the pruned model only given an incumbent under the cap.
+            incumbent = greedy if not tight_cap else _as_result(greedy, best.recompute_s)
+            result = finish(
+                graph,
+                budget,
+                prepared,
+                outcome,
+                solver="test",
+                start=time.perf_counter(),
+                fallback=incumbent,
+            )
+            where = (graph.graph["name"], budget, upper)
+            assert result.status == SolveStatus.OPTIMAL, where
+            assert result.objective == pytest.approx(best.recompute_s, rel=REL, abs=1e-15), where
+
+
+def _as_result(result, objective: float):
+    """``result`` claiming ``objective``: stands for an incumbent as good as the optimum."""
+    return dataclasses.replace(result, objective=objective)
+
+
+def test_pruned_solver_equals_enumeration() -> None:
+    solver = get_solver("pruned")
+    for graph in _graphs():
+        evaluated, budgets = _budgets(graph)
+        ref_low = pareto_front(evaluated)[0].peak_bytes
+        for budget in [*budgets, ref_low - 1]:
+            result = solver(graph, budget)
+            assert_valid_result(graph, result, budget)
+            best = best_for_budget(evaluated, budget)
+            where = (graph.graph["name"], budget)
+            if best is None:
+                assert result.status == SolveStatus.INFEASIBLE, where
+                assert result.peak_bytes == ref_low, where
+                continue
+            assert result.status == SolveStatus.OPTIMAL, where
+            assert result.objective == pytest.approx(best.recompute_s, rel=REL, abs=1e-15)
+            assert result.bound is not None
+            assert result.bound <= best.recompute_s * (1 + REL) + 1e-15
+
+
+def test_pruned_solver_agrees_with_the_every_cut_milp() -> None:
+    graph = random_dag(40, seed=0, skip_prob=0.5, max_inputs=3)
+    hi = simulate(graph, Schedule()).peak_bytes
+    for fraction in (0.9, 0.8, 0.7):
+        budget = int(hi * fraction)
+        exact = get_solver("milp", max_positions=None)(graph, budget)
+        pruned = get_solver("pruned")(graph, budget)
+        assert_valid_result(graph, pruned, budget)
+        assert pruned.status == exact.status != SolveStatus.FEASIBLE
+        assert pruned.objective == pytest.approx(exact.objective, rel=REL, abs=1e-15)
+        if pruned.status == SolveStatus.OPTIMAL:
+            assert pruned.stats["intervals_after_lp"] <= pruned.stats["intervals_after_cost"]
+
+
+def test_build_stops_at_its_deadline() -> None:
+    graph = random_dag(160, seed=3, skip_prob=0.5, max_inputs=3)
+    start = time.perf_counter()
+    with pytest.raises(BuildTimeout):
+        build_interval_model(graph, deadline=start + 0.05)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_pruned_solver_returns_the_incumbent_when_out_of_time() -> None:
+    graph = random_dag(160, seed=3, skip_prob=0.5, max_inputs=3)
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.9)  # greedy fits
+    start = time.perf_counter()
+    result = get_solver("pruned")(graph, budget, time_limit_s=0.3)
+    assert time.perf_counter() - start < 3.0
+    assert_valid_result(graph, result, budget)
+    assert result.stats["build_timed_out"]
+    assert result.status == SolveStatus.FEASIBLE and result.bound is None
