@@ -13,7 +13,7 @@ For each model it measures, on the CPU and in one process:
 * ``torch.compile`` with ``activation_memory_budget`` 0.5 and 0.2;
 * for every peer, the chkpt_opt plan (solver ``auto``, op times measured on this machine)
   whose measured peak is at most that peer's; for the ``torch.compile`` peers, the chkpt_opt
-  plan compiled with ``torch.compile`` (``plan.apply(for_compile=True)``).
+  plan compiled with its decisions honoured (``chkpt_opt.compile_module``).
 
 Peak memory is measured exactly from the CPU allocator's events (the profiler), the same
 ruler for eager and compiled code; it is the peak of one forward + backward above the
@@ -128,12 +128,12 @@ class _Compiled(nn.Module):
     values would otherwise share the first compilation.
     """
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, compile_fn: Callable[..., Any] = torch.compile) -> None:
         super().__init__()
         self.inner = inner
         namespace: dict[str, Any] = {"inner": inner}
         exec("def step(*args, **kwargs):\n    return inner(*args, **kwargs)", namespace)
-        self.step = torch.compile(namespace["step"])
+        self.step = compile_fn(namespace["step"])
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.step(*args, **kwargs)
@@ -218,7 +218,7 @@ def chkpt_opt_for(
             return None
         module = plan.apply(for_compile=for_compile)
         if for_compile:
-            module = torch.compile(module)
+            module = _Compiled(module, chkpt_opt.compile_module)
             for _ in range(2):
                 run_step(module, args, {})
         torch.manual_seed(0)

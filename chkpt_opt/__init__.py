@@ -35,6 +35,16 @@ from chkpt_opt.validate import ValidationReport, validate
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # compile_module imports Inductor (about a second): only when asked for.
+    if name == "compile_module":
+        from chkpt_opt.export.partitioner import compile_module
+
+        return compile_module
+    raise AttributeError(f"module 'chkpt_opt' has no attribute {name!r}")
+
+
 __all__ = [
     "Budget",
     "BudgetError",
@@ -55,6 +65,7 @@ __all__ = [
     "activation_budget",
     "apply",
     "available_solvers",
+    "compile_module",
     "format_bytes",
     "get_solver",
     "load_graph",

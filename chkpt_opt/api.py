@@ -185,6 +185,16 @@ class Plan:
         module = self.traced.captured.fresh_module()
         return apply_schedule(module, self.graph, self.schedule, for_compile=for_compile)
 
+    def compile(self, **compile_kwargs: Any) -> Any:
+        """The plan compiled with ``torch.compile``, its keep/recompute decisions honoured.
+
+        Same as ``chkpt_opt.compile_module(plan.apply(for_compile=True), **compile_kwargs)``
+        (see :mod:`chkpt_opt.export.partitioner`).
+        """
+        from chkpt_opt.export.partitioner import compile_module
+
+        return compile_module(self.apply(for_compile=True), **compile_kwargs)
+
     def save(self, path: str | Path) -> None:
         """Writes the plan as a versioned schedule file (JSON; see ``schemas/``).
 

@@ -15,7 +15,6 @@ from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.lowering import lower
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
-from tests.conftest import budget_at
 
 TARGETS = ["huggingface", "torchtitan", "megatron"]
 
@@ -142,39 +141,3 @@ def test_snapshot_replays_the_simulated_timeline(graph, tmp_path: Path) -> None:
     from torch.cuda import _memory_viz
 
     assert "<html" in _memory_viz.trace_plot(snapshot).lower()
-
-
-# ---- torch.compile: measured, not simulated -----------------------------------------------
-
-
-def _plan_at(built: zoo.Built, fraction: float) -> chkpt_opt.Plan:
-    model, args, _ = built
-    budget = budget_at(model, args, fraction)
-    return chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver="auto")
-
-
-def test_compiled_lowering_reports_extra_recompute_on_a_decoder() -> None:
-    """On a decoder the compiled step holds less than the eager plan (the partitioner
-    recomputes more than planned): the budget holds, the compute estimate does not."""
-    from chkpt_opt.export.compiled import measure_compiled
-
-    built = zoo.gpt(n_layer=2, d_model=64, seq_len=64, batch=4, vocab=256)
-    plan = _plan_at(built, 0.6)
-    report = measure_compiled(plan, built[1])
-    assert report.eager_peak_bytes <= report.budget_dynamic_bytes
-    assert report.meets_budget
-    assert report.change < -0.02
-    assert "recomputes more than the plan asks for" in report.notes[0]
-
-
-def test_compiled_lowering_reports_a_budget_it_misses_on_a_chain() -> None:
-    """On an MLP chain the compiled backward keeps more than the plan: the eager plan fits,
-    the compiled one does not, and the report says so rather than hiding it."""
-    from chkpt_opt.export.compiled import measure_compiled
-
-    built = zoo.mlp(width=128, depth=8, batch=256)
-    plan = _plan_at(built, 0.6)
-    report = measure_compiled(plan, built[1])
-    assert report.eager_peak_bytes <= report.budget_dynamic_bytes
-    assert report.change > 0.02 and not report.meets_budget
-    assert "keeps tensors the plan drops" in report.notes[0]

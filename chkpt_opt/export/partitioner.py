@@ -1,0 +1,237 @@
+"""A partitioner that makes ``torch.compile`` keep and recompute what the plan keeps and recomputes.
+
+AOTAutograd traces a compiled step's forward and backward into one joint graph; a
+partitioner then decides which forward values the compiled backward receives (saved) and
+which it recomputes. PyTorch's min-cut partitioner does not follow a plan's checkpoint
+regions exactly, in both directions:
+
+* it recomputes every op of a region, also a region output that eager PyTorch keeps
+  because an op outside the region saved it, or because it is the input of the next
+  region (non-reentrant checkpoint keeps a region's inputs). It then recomputes whole
+  regions the plan keeps the outputs of;
+* outside the regions it recomputes whatever it judges cheap (pointwise chains it can fuse),
+  which the plan does not ask for.
+
+:class:`PlanPartitioner` tags every op of the joint graph's forward pass with a checkpoint
+policy before handing the graph to the min-cut partitioner, which honours the tags:
+
+* an op outside every region: ``MUST_SAVE``, never recomputed (saved only if the backward
+  reads it, as in eager);
+* an op inside a region whose output eager keeps: ``MUST_SAVE`` on the op that owns the
+  storage (a view is never saved by min-cut, its base is). Eager keeps it when a backward
+  op of an op outside the region reads it (that op saved it), or when an op of another
+  region reads it in the forward pass;
+* every other op inside a region: ``MUST_RECOMPUTE``.
+
+Backward nodes are matched to the forward op they differentiate by autograd's sequence
+number (``seq_nr``), which AOTAutograd copies onto both. Regions are the checkpoint regions
+of the compiled module (``ac_graph_id``), so any module whose recompute regions are
+non-reentrant checkpoints is honoured, not only a chkpt_opt plan.
+
+What stays different from eager is what compiled code does inside kernels: fused kernels
+materialise fewer intermediates and free buffers at other points, and some decompositions
+save other tensors than eager autograd (a layer norm's statistics instead of its output).
+:func:`chkpt_opt.export.compiled.measure_compiled` measures the result.
+
+Example:
+    >>> compiled = compile_module(plan.apply(for_compile=True))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._functorch import partitioners
+from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
+from torch.utils.checkpoint import CheckpointPolicy
+
+from chkpt_opt.errors import ChkptOptError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PartitionRecord:
+    """What the partitioner decided for one compiled graph.
+
+    Attributes:
+        forward_ops: ops of the forward pass.
+        saved_ops: ops tagged ``MUST_SAVE`` (outside every region, or kept region outputs).
+        recomputed_ops: ops tagged ``MUST_RECOMPUTE``.
+        kept_region_ops: region ops whose output is kept, as eager keeps it.
+        saved_bytes: bytes of the activations the compiled forward saves for the backward
+            (distinct storages; parameters and inputs excluded).
+    """
+
+    forward_ops: int
+    saved_ops: int
+    recomputed_ops: int
+    kept_region_ops: int
+    saved_bytes: int
+
+
+def _in_region(node: torch.fx.Node) -> bool:
+    return partitioners.must_recompute(node)
+
+
+def _storage_owner(node: torch.fx.Node, op_types: Any) -> torch.fx.Node:
+    """The op whose output owns ``node``'s storage (walks back through views and getitem)."""
+    while (op_types.is_view(node) or node.target is operator.getitem) and isinstance(
+        node.args[0], torch.fx.Node
+    ):
+        node = node.args[0]
+    return node
+
+
+def kept_region_outputs(graph: torch.fx.Graph, forward: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The storage owners of region outputs that eager keeps for the backward pass.
+
+    Args:
+        graph: the joint graph, with checkpoint regions marked (``recompute`` and
+            ``ac_graph_id`` in the nodes' meta).
+        forward: the nodes the forward pass computes.
+    """
+    outside_seq = {n.meta["seq_nr"] for n in forward if "seq_nr" in n.meta and not _in_region(n)}
+    op_types = partitioners.get_default_op_list()
+    kept: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node not in forward:
+            continue
+        region = node.meta.get("ac_graph_id") if _in_region(node) else None
+        read_by_other_region = region is not None and any(
+            u in forward and _in_region(u) and u.meta.get("ac_graph_id") != region
+            for u in node.users
+        )
+        saved_outside = any(
+            u not in forward and u.meta.get("seq_nr") in outside_seq for u in node.users
+        )
+        if read_by_other_region or saved_outside:
+            owner = _storage_owner(node, op_types)
+            if _in_region(owner):
+                kept.add(owner)
+    return kept
+
+
+def tag_plan_decisions(
+    joint: torch.fx.GraphModule, forward: set[torch.fx.Node]
+) -> tuple[int, int, int]:
+    """Sets a checkpoint policy on every forward op of ``joint`` (see the module docstring).
+
+    Returns:
+        ``(saved ops, recomputed ops, kept region ops)``.
+    """
+    kept = kept_region_outputs(joint.graph, forward)
+    saved = recomputed = 0
+    for node in joint.graph.nodes:
+        if node.op != "call_function" or node not in forward:
+            continue
+        if _in_region(node) and node not in kept:
+            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+            recomputed += 1
+        else:
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            saved += 1
+    return saved, recomputed, len(kept)
+
+
+def saved_activation_bytes(forward_module: torch.fx.GraphModule, num_fwd_outputs: int) -> int:
+    """Bytes of the distinct storages a compiled forward saves (placeholders excluded)."""
+    output = next(iter(forward_module.graph.find_nodes(op="output")))
+    seen: set[Any] = set()
+    total = 0
+    for value in output.args[0][num_fwd_outputs:]:
+        if not isinstance(value, torch.fx.Node) or value.op == "placeholder":
+            continue
+        tensor = value.meta.get("val")
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in seen:
+            continue
+        seen.add(key)
+        total += int(storage.nbytes())
+    return total
+
+
+@dataclass
+class PlanPartitioner(CustomPartitionerFn):
+    """Inductor's partitioner hook: tags the joint graph, then runs the min-cut partitioner.
+
+    Attributes:
+        records: one :class:`PartitionRecord` per graph partitioned (graphs served from
+            PyTorch's compile caches are not partitioned again and add none).
+    """
+
+    records: list[PartitionRecord] = field(default_factory=list)
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        num_fwd_outputs = kwargs.get("num_fwd_outputs")
+        if num_fwd_outputs is None:
+            raise ChkptOptError(
+                "PlanPartitioner was called without num_fwd_outputs; it is Inductor's "
+                "partitioner hook, use it through chkpt_opt.compile_module."
+            )
+        static = kwargs.get("static_lifetime_input_indices") or []
+        info = partitioners.classify_nodes(gm, static, num_fwd_outputs)
+        forward = set(info.required_fw_nodes)
+        saved, recomputed, kept = tag_plan_decisions(gm, forward)
+        fw_module, bw_module = partitioners.min_cut_rematerialization_partition(
+            gm, joint_inputs, **kwargs
+        )
+        record = PartitionRecord(
+            forward_ops=saved + recomputed,
+            saved_ops=saved,
+            recomputed_ops=recomputed,
+            kept_region_ops=kept,
+            saved_bytes=saved_activation_bytes(fw_module, num_fwd_outputs),
+        )
+        self.records.append(record)
+        log.debug("chkpt_opt partition: %s", record)
+        return fw_module, bw_module
+
+    def uuid(self) -> Any:
+        """Cache key of the partition: this file's contents (PyTorch's compile caches)."""
+        return get_hash_for_files((__file__,))
+
+
+def compile_module(
+    module: torch.nn.Module,
+    *,
+    partitioner: PlanPartitioner | None = None,
+    options: dict[str, Any] | None = None,
+    **compile_kwargs: Any,
+) -> Any:
+    """``torch.compile`` with the plan's decisions honoured (Inductor backend).
+
+    Args:
+        module: a module from ``plan.apply(for_compile=True)`` or
+            ``chkpt_opt.apply(..., for_compile=True)`` (any module whose recompute regions
+            are non-reentrant checkpoints works).
+        partitioner: the partitioner to use (pass one to read its ``records``).
+        options: further Inductor options.
+        compile_kwargs: passed to ``torch.compile`` (``dynamic`` defaults to False: a plan
+            is made for one input shape).
+
+    Raises:
+        ChkptOptError: for a backend other than Inductor (the hook is Inductor's).
+
+    Example:
+        >>> compiled = chkpt_opt.compile_module(plan.apply(for_compile=True))  # doctest: +SKIP
+    """
+    backend = compile_kwargs.pop("backend", "inductor")
+    if backend != "inductor":
+        raise ChkptOptError(
+            f"backend {backend!r}: the plan partitioner is an Inductor hook; compile with "
+            "backend='inductor', or without compile_module to let the backend partition."
+        )
+    compile_kwargs.setdefault("dynamic", False)
+    merged = {**(options or {}), "custom_partitioner_fn": partitioner or PlanPartitioner()}
+    return torch.compile(module, backend="inductor", options=merged, **compile_kwargs)
