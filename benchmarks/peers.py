@@ -418,9 +418,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--solver", default="auto")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("-o", "--output", type=Path, default=Path("benchmarks/results/peers"))
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     builders = {"gpt": zoo.gpt, "resnet": zoo.resnet}
     rows: list[dict[str, Any]] = []
     for name in args.models:

@@ -131,6 +131,15 @@ def test_compile_module_refuses_other_backends() -> None:
         compile_module(torch.nn.Linear(2, 2), backend="aot_eager")
 
 
+def test_compile_module_explains_a_torch_without_the_hook(monkeypatch) -> None:
+    from chkpt_opt.export import partitioner
+
+    assert partitioner.partitioner_hook_available()  # torch 2.13 has it
+    monkeypatch.setattr(partitioner, "partitioner_hook_available", lambda: False)
+    with pytest.raises(ChkptOptError, match=r"no Inductor partitioner hook.*upgrade torch"):
+        compile_module(torch.nn.Linear(2, 2))
+
+
 def test_partitioner_refuses_a_call_without_forward_outputs() -> None:
     graph = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
     with pytest.raises(ChkptOptError, match="num_fwd_outputs"):

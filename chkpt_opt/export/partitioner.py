@@ -47,8 +47,13 @@ from typing import Any
 
 import torch
 from torch._functorch import partitioners
-from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torch.utils.checkpoint import CheckpointPolicy
+
+try:
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
+except ImportError:  # a torch without Inductor's partitioner hook: compile_module says so
+    CustomPartitionerFn = object  # type: ignore[assignment,misc]
+    get_hash_for_files = None  # type: ignore[assignment]
 
 from chkpt_opt.errors import ChkptOptError
 
@@ -202,6 +207,13 @@ class PlanPartitioner(CustomPartitionerFn):
         return get_hash_for_files((__file__,))
 
 
+def partitioner_hook_available() -> bool:
+    """Whether this torch has Inductor's partitioner hook (``custom_partitioner_fn``)."""
+    import torch._inductor.config as inductor_config
+
+    return get_hash_for_files is not None and hasattr(inductor_config, "custom_partitioner_fn")
+
+
 def compile_module(
     module: torch.nn.Module,
     *,
@@ -221,11 +233,20 @@ def compile_module(
             is made for one input shape).
 
     Raises:
-        ChkptOptError: for a backend other than Inductor (the hook is Inductor's).
+        ChkptOptError: for a backend other than Inductor (the hook is Inductor's), or a
+            torch without the hook.
 
     Example:
         >>> compiled = chkpt_opt.compile_module(plan.apply(for_compile=True))  # doctest: +SKIP
     """
+    if not partitioner_hook_available():
+        raise ChkptOptError(
+            f"torch {torch.__version__} has no Inductor partitioner hook "
+            "(torch._inductor.config.custom_partitioner_fn), which compile_module needs; "
+            "upgrade torch (2.13 has it), or compile plan.apply(for_compile=True) with "
+            "torch.compile and check it with measure_compiled (the decisions are then "
+            "PyTorch's partitioner's)."
+        )
     backend = compile_kwargs.pop("backend", "inductor")
     if backend != "inductor":
         raise ChkptOptError(
