@@ -125,6 +125,26 @@ def test_optimize_validates_within_budget(capsys: pytest.CaptureFixture[str]) ->
     assert abs(data["prediction_error"]) <= 0.03
 
 
+def test_validate_compile_measures_the_compiled_step(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "validate", SPEC, "--budget", BUDGET, "--optimizer", "none", "--compile", "--json"
+    )
+    data = json.loads(out)
+    compiled = data["compiled"]
+    assert compiled["compiled_saved_bytes"] is not None
+    assert compiled["notes"] and "saves" in compiled["notes"][0]
+    assert data["passed"] == (data["within_budget"] and compiled["meets_budget"])
+    assert code == (EXIT_OK if data["passed"] else 1)
+
+
+def test_validate_compile_refuses_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        capsys, "validate", SPEC, "--budget", BUDGET, "--compile", "--device", "cpu:0"
+    )
+    assert code == EXIT_INPUT
+    assert "--compile measures with the CPU allocator" in err
+
+
 def test_console_script_help_lists_examples() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "chkpt_opt.cli", "--help"],
