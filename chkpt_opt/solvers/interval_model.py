@@ -307,6 +307,14 @@ def build_interval_model(
     return _Builder(graph, positions, segments, max_cost_s, deadline).build()
 
 
+def _last_before(flags: list[bool]) -> list[int]:
+    """``out[p]``: the largest ``i < p`` with ``flags[i]``, or -1 (for ``p`` in ``0..n``)."""
+    out = [-1]
+    for i, flag in enumerate(flags):
+        out.append(i if flag else out[-1])
+    return out
+
+
 class _Builder:
     """Builds an :class:`IntervalModel` (one pass per quantity, mirroring lowering.py)."""
 
@@ -347,6 +355,12 @@ class _Builder:
         self.idx = {v: i for i, v in enumerate(self.order)}
         self.preds = [sorted(self.idx[u] for u in graph.predecessors(v)) for v in self.order]
         self.owner_idx = {sid: self.idx[o] for sid, o in self.owner.items()}
+        self.attrs = [graph.nodes[v] for v in self.order]
+        # (storage, index of its owner) of everything op i reads, from its inputs.
+        self.reads = [
+            [(sid, self.owner_idx[sid]) for u in self.preds[i] for sid in self.refs[self.order[u]]]
+            for i in range(self.n)
+        ]
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -404,13 +418,24 @@ class _Builder:
     # -- intervals -----------------------------------------------------------------------
 
     def _intervals(self) -> None:
-        nodes = self.nodes
+        attrs = self.attrs
         n = self.n
-        packer = [nodes[v]["n_saved"] > 0 for v in self.order]
-        trig = [packer[i] and nodes[v]["has_backward"] for i, v in enumerate(self.order)]
-        saver = [bool(nodes[v]["saved"]) for v in self.order]
+        packer = [a["n_saved"] > 0 for a in attrs]
+        trig = [packer[i] and a["has_backward"] for i, a in enumerate(attrs)]
+        saver = [bool(a["saved"]) for a in attrs]
+        # The last op before each position with each flag (-1: none), and running counts of
+        # packers without a backward: each interval's scans become lookups.
+        last_packer_before = _last_before(packer)
+        last_trig_before = _last_before(trig)
+        last_saver_before = _last_before(saver)
+        mute = [0]
+        for i in range(n):
+            mute.append(mute[-1] + (packer[i] and not trig[i]))
         intervals: list[Interval] = []
         replay_cache: dict[tuple[int, int, int], tuple[int, tuple[tuple[int, int], ...]]] = {}
+        # The replayed ops of a region depend only on its start and its last packer.
+        replayed_cache: dict[tuple[int, int], int] = {}
+        cost_cache: dict[tuple[int, int], float] = {}
         cap = math.inf if self.max_cost_s is None else self.max_cost_s
         for ai, a in enumerate(self.positions):
             self.check_deadline("intervals")
@@ -419,28 +444,37 @@ class _Builder:
             for b in self.positions[ai + 1 :]:
                 if b > limit:
                     break
-                last_packer = next((i for i in range(b - 1, a - 1, -1) if packer[i]), None)
-                trigger = next((i for i in range(b - 1, a - 1, -1) if trig[i]), None)
+                last_packer = last_packer_before[b] if last_packer_before[b] >= a else None
+                trigger = last_trig_before[b] if last_trig_before[b] >= a else None
                 if last_packer is None:
                     release = b - 1  # fwd slot of the region's last op
-                elif any(packer[i] and not trig[i] for i in range(a, b)):
+                elif mute[b] > mute[a]:
                     release = self.end
                 else:
                     assert first_packer is not None
                     release = self.kept(first_packer)
                 n_replayed = 0
                 if trigger is not None:
-                    region = tuple(self.order[a:b])
-                    n_replayed = len(replayed_ops(self.graph, region, self.owner))
+                    assert last_packer is not None
+                    if (a, last_packer) not in replayed_cache:
+                        region = tuple(self.order[a:b])
+                        replayed_cache[a, last_packer] = len(
+                            replayed_ops(self.graph, region, self.owner)
+                        )
+                    n_replayed = replayed_cache[a, last_packer]
                 if n_replayed == 0:
                     intervals.append(Interval(a, b, 0.0, None, release, 0, ()))
                     continue
                 assert trigger is not None
                 last_replayed = a + n_replayed - 1
-                cost = sum(nodes[self.order[i]]["fwd_time_s"] for i in range(a, last_replayed + 1))
+                if (a, last_replayed) not in cost_cache:
+                    cost_cache[a, last_replayed] = sum(
+                        attrs[i]["fwd_time_s"] for i in range(a, last_replayed + 1)
+                    )
+                cost = cost_cache[a, last_replayed]
                 if cost > cap:
                     break  # a later stop replays at least these ops: it costs at least as much
-                last_saver = next((i for i in range(b - 1, a - 1, -1) if saver[i]), a)
+                last_saver = last_saver_before[b] if last_saver_before[b] >= a else a
                 key = (a, last_replayed, last_saver)
                 if key not in replay_cache:
                     replay_cache[key] = self._replay(a, last_replayed, last_saver)
@@ -457,26 +491,25 @@ class _Builder:
         Savers up to ``last_saver`` hold the recomputed storages of owners inside the region
         until their ``kept_until``.
         """
-        nodes = self.nodes
+        owner_idx = self.owner_idx
         steps = range(a, last + 1)
         size: dict[str, int] = {}
         born: dict[str, int] = {}
         last_read: dict[str, int] = {}
         for i in steps:
-            attrs = nodes[self.order[i]]
+            attrs = self.attrs[i]
             for sid, nbytes in attrs["outputs"].items():
                 size[sid], born[sid] = nbytes, i
             for sid, nbytes in attrs["saved"].items():
-                if self.owner_idx[sid] == i and sid not in attrs["outputs"]:
+                if owner_idx[sid] == i and sid not in attrs["outputs"]:
                     size[sid], born[sid] = nbytes, i
-            for u in self.preds[i]:
-                for sid in self.refs[self.order[u]]:
-                    if a <= self.owner_idx[sid] <= last:
-                        last_read[sid] = max(last_read.get(sid, i), i)
+            for sid, o in self.reads[i]:
+                if a <= o <= last:
+                    last_read[sid] = i  # i only grows
         held: dict[str, int] = {}
         for i in range(a, last_saver + 1):
-            for sid in nodes[self.order[i]]["saved"]:
-                if self.owner_idx[sid] >= a and sid in size:
+            for sid in self.attrs[i]["saved"]:
+                if owner_idx[sid] >= a and sid in size:
                     held[sid] = max(held.get(sid, -1), self.kept(i))
         # Bytes alive at each step: a storage lives from its birth to its last read (to the
         # end of the replay when a saver holds it); summed with a difference array.
@@ -490,7 +523,7 @@ class _Builder:
         alive = 0
         for i in steps:
             alive += delta[i - a]
-            peak = max(peak, alive + nodes[self.order[i]]["fwd_workspace_bytes"])
+            peak = max(peak, alive + self.attrs[i]["fwd_workspace_bytes"])
         by_end: dict[int, int] = {}
         for sid, last in held.items():
             by_end[last] = by_end.get(last, 0) + size[sid]
@@ -525,13 +558,14 @@ class _Builder:
         # Intervals containing each op, by op index.
         containing: list[list[int]] = [[] for _ in range(self.n)]
         for k, iv in enumerate(self.intervals):
+            if k % 1024 == 0:
+                self.check_deadline("lifetimes")
             for i in range(iv.start, iv.stop):
                 containing[i].append(k)
         lifetimes: list[Lifetime] = []
         base = self.base
-        for count, sid in enumerate(sorted(size, key=lambda s: (alloc[s], s))):
-            if count % 64 == 0:
-                self.check_deadline("lifetimes")
+        for sid in sorted(size, key=lambda s: (alloc[s], s)):
+            self.check_deadline("lifetimes")
             o = self.owner_idx[sid]
             fixed = fixed_end[sid]
             self._add_range(base, alloc[sid], min(fixed, self.end - 1), size[sid])

@@ -28,9 +28,10 @@ the whole forward time). Byte counts are divided by their greatest common diviso
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
-from chkpt_opt.solvers.interval_model import Interval, IntervalModel
+from chkpt_opt.solvers.interval_model import BuildTimeout, Interval, IntervalModel
 
 MAX_OBJECTIVE_UNITS = 2**40
 
@@ -109,8 +110,14 @@ class IntervalProgram:
         return z, x, y
 
 
-def build_program(model: IntervalModel, *, tight: bool = True) -> IntervalProgram:
-    """The integer program of ``model`` (see the module docstring)."""
+def build_program(
+    model: IntervalModel, *, tight: bool = True, deadline: float | None = None
+) -> IntervalProgram:
+    """The integer program of ``model`` (see the module docstring).
+
+    Raises:
+        BuildTimeout: once ``time.perf_counter()`` passes ``deadline`` (None: no limit).
+    """
     intervals = model.intervals
     unit = 0
     for value in model.base_bytes:
@@ -161,11 +168,15 @@ def build_program(model: IntervalModel, *, tight: bool = True) -> IntervalProgra
             for s in range(lo + 1, min(end, last) + 1):
                 y_terms[s].append((y_of[lt, k], life.size_bytes // unit))
             lo = end
+    check_deadline(deadline, "the memory rows")
     for k, iv in enumerate(intervals):
+        if k % 1024 == 0:
+            check_deadline(deadline, "the memory rows")
         for s, coef in _interval_profile(iv, last):
             x_terms[s].append((k, coef // unit))
     merged: dict[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]], list[int]] = {}
     fixed = 0
+    check_deadline(deadline, "the memory rows")
     for s in range(model.n_slots):
         fixed = max(fixed, consts[s])
         xs = _combine(x_terms[s])
@@ -196,6 +207,12 @@ def build_program(model: IntervalModel, *, tight: bool = True) -> IntervalProgra
         starts=tuple(tuple(s) for s in starts),
         stops=tuple(tuple(s) for s in stops),
     )
+
+
+def check_deadline(deadline: float | None, what: str) -> None:
+    """Raises BuildTimeout once ``time.perf_counter()`` has passed ``deadline``."""
+    if deadline is not None and time.perf_counter() > deadline:
+        raise BuildTimeout(f"building {what} of the interval program ran out of time.")
 
 
 def _interval_profile(iv: Interval, last: int) -> list[tuple[int, int]]:

@@ -31,11 +31,13 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.cpsat import solve_min_peak
-from chkpt_opt.solvers.interval_program import IntervalProgram
+from chkpt_opt.solvers.interval_model import BuildTimeout
+from chkpt_opt.solvers.interval_program import IntervalProgram, check_deadline
 from chkpt_opt.solvers.interval_solve import (
     DEFAULT_MAX_POSITIONS,
     Outcome,
     Prepared,
+    candidate_positions,
     finish,
     keep_all_result,
     prepare,
@@ -66,8 +68,12 @@ def build_milp(
     *,
     backend: str = DEFAULT_BACKEND,
     relax: bool = False,
+    deadline: float | None = None,
 ) -> tuple[pywraplp.Solver, MilpVariables]:
     """The interval program as a pywraplp model (``relax``: its LP relaxation, solved by GLOP).
+
+    ``deadline`` (a ``time.perf_counter()`` value) stops the build with
+    :class:`~chkpt_opt.solvers.interval_model.BuildTimeout` once passed.
 
     Raises:
         SolverError: for an unknown backend, or one this OR-Tools build lacks.
@@ -117,7 +123,9 @@ def build_milp(
         row(0, inf, [(y[hold.y_var], 1)] + [(var, -1) for var in rhs])
     for hi, lo in program.chains:
         row(0, inf, [(y[hi], 1), (y[lo], -1)])
-    for mem in program.memory_rows:
+    for count, mem in enumerate(program.memory_rows):
+        if count % 16 == 0:
+            check_deadline(deadline, "the MILP's memory rows")
         terms = [(x[k], c) for k, c in mem.x_terms] + [(y[j], c) for j, c in mem.y_terms]
         row(-inf, budget_units - mem.const, terms)
     if program.fixed_bytes // program.byte_unit > budget_units:
@@ -188,8 +196,15 @@ def solve_milp(
     first_status: int | None = None
     chosen: list[int] | None = None
     stats: dict[str, Any] = {"backend": backend, "tightenings": 0}
+    deadline = None if time_limit_s is None else start + time_limit_s
     for attempt in range(MAX_TIGHTENINGS + 1):
-        solver, v = build_milp(program, budget_units, backend=backend)
+        try:
+            solver, v = build_milp(program, budget_units, backend=backend, deadline=deadline)
+        except BuildTimeout:
+            stats["milp_build_timed_out"] = True
+            if attempt == 0:
+                first_status = pywraplp.Solver.NOT_SOLVED
+            break
         if hint_ids is not None and backend in HINTED_BACKENDS:
             z, x, y = program.values(hint_ids)
             solver.SetHint(v.z + v.x + v.y, [float(a) for a in z + x + y])
@@ -230,12 +245,17 @@ class MilpSolver:
         seed: backend random seed (SCIP).
         max_positions: see :class:`~chkpt_opt.solvers.cpsat.CpSatSolver`.
         warm_start: hint the greedy schedule (where the backend takes hints).
+        prune: on graphs with more than ``max_positions`` allowed cuts, solve over every cut
+            after exact pruning (:class:`~chkpt_opt.solvers.pruning.PrunedSolver`) instead of
+            over a subset of cuts. Measured on the corpus graphs of 184-298 ops: proven
+            optimal in 60 s at budgets 0.9-0.3, where the subset gave no bound.
     """
 
     backend: str = DEFAULT_BACKEND
     seed: int = 0
     max_positions: int | None = DEFAULT_MAX_POSITIONS
     warm_start: bool = True
+    prune: bool = True
     name: str = "milp"
 
     def __call__(
@@ -249,6 +269,17 @@ class MilpSolver:
         trivial = keep_all_result(graph, budget_bytes, solver=self.name, start=start)
         if trivial is not None:
             return trivial
+        if self.prune and candidate_positions(graph, max_positions=self.max_positions):
+            from chkpt_opt.solvers.pruning import PrunedSolver  # it builds on this module
+
+            pruned = PrunedSolver(backend=self.backend, seed=self.seed)
+            result = pruned(graph, budget_bytes, time_limit_s=_remaining(time_limit_s, start))
+            return dataclasses.replace(
+                result,
+                solver=self.name,
+                solve_s=time.perf_counter() - start,
+                stats={**result.stats, "pruned": True},
+            )
         prepared = prepare(graph, max_positions=self.max_positions)
         fallback, hint_ids = warm_start(graph, budget_bytes, prepared.model, time_limit_s=None)
         outcome = solve_milp(

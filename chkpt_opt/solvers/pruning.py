@@ -50,6 +50,7 @@ from chkpt_opt.solvers.interval_model import (
 )
 from chkpt_opt.solvers.interval_program import IntervalProgram, build_program
 from chkpt_opt.solvers.interval_solve import (
+    Outcome,
     Prepared,
     finish,
     keep_all_result,
@@ -148,18 +149,25 @@ def reduced_cost_fixing(
         budget_bytes: the budget.
         upper_s: the cost of a schedule the program holds that fits (the incumbent).
         protect: interval ids always kept (the incumbent's).
-        time_limit_s: GLOP's time limit.
+        time_limit_s: limit of building and solving the LP together.
 
     Returns:
-        The LP's bound and the kept intervals (all of them when the LP is not solved).
+        The LP's bound and the kept intervals (all of them when the LP is not solved or
+        out of time).
     """
     start = time.perf_counter()
     model = program.model
     every = tuple(range(len(model.intervals)))
-    lp, v = build_milp(program, program.budget_units(budget_bytes), relax=True)
+    deadline = None if time_limit_s is None else start + time_limit_s
+    try:
+        lp, v = build_milp(
+            program, program.budget_units(budget_bytes), relax=True, deadline=deadline
+        )
+    except BuildTimeout:
+        return LpFixing("BUILD_TIMED_OUT", None, every, time.perf_counter() - start)
     lp.SuppressOutput()
-    if time_limit_s is not None:
-        lp.SetTimeLimit(max(1, int(time_limit_s * 1000)))
+    if deadline is not None:
+        lp.SetTimeLimit(max(1, int((deadline - time.perf_counter()) * 1000)))
     status = lp.Solve()
     name = {pywraplp.Solver.OPTIMAL: "OPTIMAL", pywraplp.Solver.INFEASIBLE: "INFEASIBLE"}.get(
         status, str(status)
@@ -187,9 +195,7 @@ def incumbent(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None
     results = [GreedySolver()(graph, budget_bytes, time_limit_s=time_limit_s)]
     if find_blocks(graph) is not None:
         try:
-            results.append(
-                HierarchicalSolver(polish_s=0.0)(graph, budget_bytes, time_limit_s=time_limit_s)
-            )
+            results.append(HierarchicalSolver()(graph, budget_bytes, time_limit_s=time_limit_s))
         except SolverError as err:
             log.info("hierarchical incumbent refused: %s", err)
     feasible = [r for r in results if r.feasible]
@@ -208,13 +214,16 @@ class PrunedSolver:
             hierarchical solver on graphs of repeated blocks).
         build_share: the model's build stops once this share of the time limit has passed
             (the incumbent is then returned, without a bound).
+        min_milp_s: the MILP is skipped when less time than this is left after the LP (the
+            incumbent is then returned with the LP's bound).
         reduced_costs: also drop intervals by LP reduced costs (see the module docstring).
         backend: MILP backend, ``"highs"`` or ``"scip"``.
         seed: the backend's random seed.
     """
 
-    incumbent_share: float = 0.3
-    build_share: float = 0.8
+    incumbent_share: float = 0.35
+    build_share: float = 0.7
+    min_milp_s: float = 1.0
     reduced_costs: bool = True
     backend: str = DEFAULT_BACKEND
     seed: int = 0
@@ -243,9 +252,7 @@ class PrunedSolver:
         t0 = time.perf_counter()
         try:
             model = build_interval_model(graph, max_cost_s=cap, deadline=deadline)
-            if deadline is not None and time.perf_counter() > deadline:
-                raise BuildTimeout("the interval model was built after the deadline.")
-            program = build_program(model)
+            program = build_program(model, deadline=deadline)
         except BuildTimeout as err:
             log.info("pruned: %s Returning the incumbent.", err)
             stats["build_timed_out"] = True
@@ -266,21 +273,29 @@ class PrunedSolver:
             if fixing.bound_s is not None:
                 stats["lp_bound_s"] = fixing.bound_s
                 lp_bound_units = fixing.bound_s * program.cost_scale
-            if len(fixing.keep) < len(model.intervals):
+            if len(fixing.keep) < len(model.intervals) and self._time_left(time_limit_s, start):
                 t0 = time.perf_counter()
-                model = restrict(model, fixing.keep)
-                program = build_program(model)
-                prepared = Prepared(model, program, prepared.build_s + time.perf_counter() - t0)
-                ids = model.interval_ids(best.schedule.spans(graph))
+                end = None if time_limit_s is None else start + time_limit_s
+                try:
+                    model = restrict(model, fixing.keep)
+                    program = build_program(model, deadline=end)
+                    prepared = Prepared(model, program, prepared.build_s + time.perf_counter() - t0)
+                    ids = model.interval_ids(best.schedule.spans(graph))
+                except BuildTimeout:
+                    stats["build_timed_out"] = True
         stats["intervals_after_lp"] = len(model.intervals)
-        outcome = solve_milp(
-            prepared,
-            budget_bytes,
-            backend=self.backend,
-            seed=self.seed,
-            hint_ids=ids,
-            time_limit_s=_remaining(time_limit_s, start),
-        )
+        if self._time_left(time_limit_s, start) and not stats.get("build_timed_out"):
+            outcome = solve_milp(
+                prepared,
+                budget_bytes,
+                backend=self.backend,
+                seed=self.seed,
+                hint_ids=ids,
+                time_limit_s=_remaining(time_limit_s, start),
+            )
+        else:
+            stats["milp_skipped"] = "out of time after the LP"
+            outcome = Outcome(None, False, False, None)
         bound_units = outcome.bound_units
         if lp_bound_units is not None:
             # finish() lowers a bound by the cost rounding of an integer program; the LP's
@@ -305,6 +320,11 @@ class PrunedSolver:
             fallback=best,
             lowest=lowest,
         )
+
+    def _time_left(self, time_limit_s: float | None, start: float) -> bool:
+        """Whether at least ``min_milp_s`` of the time limit is left."""
+        left = _remaining(time_limit_s, start)
+        return left is None or left >= self.min_milp_s
 
     def _incumbent_result(
         self,
