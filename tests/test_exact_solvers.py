@@ -568,9 +568,23 @@ def test_hierarchical_is_feasible_and_never_beats_the_exact_solver(gpt_graphs) -
 def test_auto_uses_hierarchical_on_large_block_graphs(gpt_graphs) -> None:
     graph = gpt_graphs[3]
     hi = simulate(graph, Schedule()).peak_bytes
-    result = get_solver("auto", flat_max_positions=20)(graph, int(hi * 0.6))
+    result = get_solver("auto", flat_max_positions=20, pruned_max_ops=0)(graph, int(hi * 0.6))
     assert "hierarchical" in result.stats["tried"]
     assert_valid_result(graph, result, int(hi * 0.6))
+
+
+def test_auto_solves_mid_size_graphs_over_every_cut_after_pruning(gpt_graphs) -> None:
+    graph = gpt_graphs[3]
+    hi = simulate(graph, Schedule()).peak_bytes
+    budget = int(hi * 0.6)
+    result = get_solver("auto", flat_max_positions=20)(graph, budget)
+    assert "pruned" in result.stats["tried"]
+    assert_valid_result(graph, result, budget)
+    exact = get_solver("milp", max_positions=None)(graph, budget)
+    assert exact.status == result.status == SolveStatus.OPTIMAL
+    assert result.objective == pytest.approx(exact.objective, rel=REL, abs=1e-15)
+    hierarchical = get_solver("hierarchical")(graph, budget)
+    assert result.objective <= hierarchical.objective * (1 + REL)
 
 
 @pytest.mark.slow

@@ -7,9 +7,14 @@ fallback), then the exact solver that fits the graph and the time limit:
 * ``dp_chain`` when every allowed cut position of the graph can be a boundary of its chain
   of segments (a chain of ops, a DAG cut at articulation points): exact, and fast on long
   chains; ``cpsat`` if it refuses the graph;
-* ``hierarchical`` when the graph has more allowed cuts than CP-SAT solves flat
-  (``flat_max_positions``) and is made of repeated blocks (feasible, not proven optimal: it
-  keeps regions inside blocks); ``cpsat`` if it refuses the graph;
+* ``pruned`` when the graph has more allowed cuts than CP-SAT solves flat
+  (``flat_max_positions``) and at most ``pruned_max_ops`` ops: an incumbent from greedy and
+  (on repeated blocks) the hierarchical solver, then the MILP over every cut after exact
+  pruning (:mod:`chkpt_opt.solvers.pruning`); measured on the corpus graphs of 184-298 ops at
+  budgets 0.9-0.3 of the keep-all peak: proven optimal within 60 s, where the flat solvers
+  over a subset of cuts had no bound. Out of time, it returns its incumbent;
+* ``hierarchical`` on larger graphs made of repeated blocks (feasible, not proven optimal:
+  it keeps regions inside blocks); ``cpsat`` if it refuses the graph;
 * ``cpsat`` otherwise (over a candidate subset of cuts on very large graphs, then never
   reported optimal).
 
@@ -34,6 +39,10 @@ from chkpt_opt.solvers.enumerate import count_schedules
 from chkpt_opt.solvers.interval_solve import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.registry import get_solver, register
 
+PRUNED_MAX_OPS = 600
+"""Largest graph ``auto`` gives the pruned every-cut solver (it covers the 586-op gpt_large,
+proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incumbent)."""
+
 
 def best_result(results: list[SolveResult]) -> SolveResult:
     """The cheapest feasible result, else the lowest-peak one."""
@@ -44,7 +53,11 @@ def best_result(results: list[SolveResult]) -> SolveResult:
 
 
 def pick_exact(
-    graph: CostGraph, *, enumerate_max_schedules: int, flat_max_positions: int | None
+    graph: CostGraph,
+    *,
+    enumerate_max_schedules: int,
+    flat_max_positions: int | None,
+    pruned_max_ops: int = PRUNED_MAX_OPS,
 ) -> list[str]:
     """The exact solvers that fit ``graph``, best first (see the module docstring); the next
     one runs only if the first refuses the graph."""
@@ -53,8 +66,11 @@ def pick_exact(
     if _is_chain(graph):
         return ["dp_chain", "cpsat"]
     n_cuts = sum(cut_positions(graph)) - 2
-    if flat_max_positions is not None and n_cuts > flat_max_positions and find_blocks(graph):
-        return ["hierarchical", "cpsat"]
+    if flat_max_positions is not None and n_cuts > flat_max_positions:
+        if graph.number_of_nodes() <= pruned_max_ops:
+            return ["pruned", "cpsat"]
+        if find_blocks(graph):
+            return ["hierarchical", "cpsat"]
     return ["cpsat"]
 
 
@@ -67,8 +83,10 @@ class AutoSolver:
         solvers: the cheap solvers tried first, in order (stopping at a proven optimum).
         exact: also run the exact solver that fits the graph (``pick_exact``).
         enumerate_max_schedules: graphs with at most this many schedules are enumerated.
-        flat_max_positions: above this many allowed cuts, repeated-block graphs go to the
-            hierarchical solver.
+        flat_max_positions: above this many allowed cuts, graphs of at most
+            ``pruned_max_ops`` ops go to the pruned every-cut solver, larger repeated-block
+            graphs to the hierarchical solver.
+        pruned_max_ops: see ``flat_max_positions``.
         default_time_limit_s: time limit of the exact solver when none is given.
     """
 
@@ -76,6 +94,7 @@ class AutoSolver:
     exact: bool = True
     enumerate_max_schedules: int = 2000
     flat_max_positions: int | None = DEFAULT_MAX_POSITIONS
+    pruned_max_ops: int = PRUNED_MAX_OPS
     default_time_limit_s: float = 60.0
     name: str = "auto"
 
@@ -92,6 +111,7 @@ class AutoSolver:
                     graph,
                     enumerate_max_schedules=self.enumerate_max_schedules,
                     flat_max_positions=self.flat_max_positions,
+                    pruned_max_ops=self.pruned_max_ops,
                 )
             )
         errors: dict[str, str] = {}
@@ -142,7 +162,7 @@ def _proven_infeasible(result: SolveResult) -> bool:
     """Whether an infeasible result comes with a proof (exact solvers on a complete model)."""
     if result.solver == "enumerate":
         return bool(result.stats.get("complete"))
-    if result.solver in ("cpsat", "milp", "hierarchical", "dp_chain"):
+    if result.solver in ("cpsat", "milp", "hierarchical", "dp_chain", "pruned"):
         return bool(result.stats.get("complete_model")) and "min_feasible_bytes" in result.stats
     return False
 
