@@ -436,7 +436,7 @@ def test_time_limit_is_respected_and_status_honest() -> None:
 def test_candidate_subset_is_never_called_optimal() -> None:
     graph = random_dag(30, seed=5, skip_prob=0.5, max_inputs=3)
     hi = simulate(graph, Schedule()).peak_bytes
-    result = get_solver("cpsat", max_positions=8)(graph, int(hi * 0.85))
+    result = get_solver("cpsat", max_positions=8, prune=False)(graph, int(hi * 0.85))
     assert result.stats["complete_model"] is False
     assert result.status != SolveStatus.OPTIMAL or result.objective == 0.0
     assert_valid_result(graph, result, int(hi * 0.85))

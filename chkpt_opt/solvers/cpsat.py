@@ -22,6 +22,7 @@ deterministic for a fixed ``seed``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from chkpt_opt.solvers.interval_solve import (
     DEFAULT_MAX_POSITIONS,
     Outcome,
     Prepared,
+    candidate_positions,
     finish,
     judged,
     keep_all_result,
@@ -254,6 +256,57 @@ def solve_min_peak(
     return schedule, profile, max(lower, program.fixed_bytes), proven
 
 
+def solve_cp(
+    prepared: Prepared,
+    budget_bytes: int,
+    *,
+    formulation: str = DEFAULT_FORMULATION,
+    seed: int = 0,
+    workers: int = 1,
+    hint_ids: list[int] | None = None,
+    time_limit_s: float | None = None,
+    linearization_level: int | None = None,
+) -> Outcome:
+    """Solves the program of ``prepared`` with CP-SAT under ``budget_bytes``.
+
+    Args:
+        prepared: the interval model and its program.
+        budget_bytes: the budget.
+        formulation: ``"linear"`` or ``"cumulative"``.
+        seed: CP-SAT's random seed.
+        workers: CP-SAT search workers.
+        hint_ids: interval ids of a known schedule, given as a hint.
+        time_limit_s: CP-SAT's time limit.
+        linearization_level: CP-SAT's ``linearization_level`` (None: its default). At 2 its
+            LP relaxation proves the small pruned programs of
+            :mod:`~chkpt_opt.solvers.pruning` (measured: a 637-interval program of
+            gpt_reference at 0.9 of the peak proven in 0.1 s, 7.4 s at the default).
+    """
+    program = prepared.program
+    m, v = build_cp_model(program, program.budget_units(budget_bytes), formulation=formulation)
+    m.minimize(sum(c * x for c, x in zip(program.cost_units, v.x)))
+    if hint_ids is not None:
+        hint(m, program, v, hint_ids)
+    solver = make_solver(time_limit_s=time_limit_s, seed=seed, workers=workers)
+    if linearization_level is not None:
+        solver.parameters.linearization_level = linearization_level
+    status = solver.solve(m)
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    stats: dict[str, Any] = {
+        "cp_status": solver.status_name(status),
+        "formulation": formulation,
+        "cp_wall_s": solver.wall_time,
+        "cost_scale": program.cost_scale,
+    }
+    return Outcome(
+        chosen=[k for k, x in enumerate(v.x) if solver.boolean_value(x)] if found else None,
+        proven_optimal=status == cp_model.OPTIMAL,
+        proven_infeasible=status == cp_model.INFEASIBLE,
+        bound_units=solver.best_objective_bound if found else None,
+        stats=stats,
+    )
+
+
 @register("cpsat", "CP-SAT over the interval model: optimal keep-set schedule, proven bound")
 @dataclass(frozen=True)
 class CpSatSolver:
@@ -268,6 +321,9 @@ class CpSatSolver:
             candidate subset of cuts (then the result is optimal only over that subset and
             the status is never ``optimal``); None: always every cut.
         warm_start: hint the greedy schedule.
+        prune: on graphs with more than ``max_positions`` allowed cuts, solve over every cut
+            after exact pruning (:class:`~chkpt_opt.solvers.pruning.PrunedSolver` with CP-SAT
+            as its engine) instead of over a subset of cuts.
     """
 
     formulation: str = DEFAULT_FORMULATION
@@ -275,6 +331,7 @@ class CpSatSolver:
     seed: int = 0
     max_positions: int | None = DEFAULT_MAX_POSITIONS
     warm_start: bool = True
+    prune: bool = True
     name: str = "cpsat"
 
     def __call__(
@@ -284,34 +341,29 @@ class CpSatSolver:
         trivial = keep_all_result(graph, budget_bytes, solver=self.name, start=start)
         if trivial is not None:
             return trivial
+        if self.prune and candidate_positions(graph, max_positions=self.max_positions):
+            from chkpt_opt.solvers.pruning import PrunedSolver  # it builds on this module
+
+            pruned = PrunedSolver(backend="cpsat", seed=self.seed)
+            result = pruned(graph, budget_bytes, time_limit_s=_remaining(time_limit_s, start))
+            return dataclasses.replace(
+                result,
+                solver=self.name,
+                solve_s=time.perf_counter() - start,
+                stats={**result.stats, "pruned": True},
+            )
         prepared = prepare(graph, max_positions=self.max_positions)
-        program = prepared.program
         fallback, hint_ids = warm_start(graph, budget_bytes, prepared.model, time_limit_s=None)
-
-        m, v = build_cp_model(
-            program, program.budget_units(budget_bytes), formulation=self.formulation
+        outcome = solve_cp(
+            prepared,
+            budget_bytes,
+            formulation=self.formulation,
+            seed=self.seed,
+            workers=self.workers,
+            hint_ids=hint_ids if self.warm_start else None,
+            time_limit_s=_remaining(time_limit_s, start),
         )
-        m.minimize(sum(c * x for c, x in zip(program.cost_units, v.x)))
-        if self.warm_start and hint_ids is not None:
-            hint(m, program, v, hint_ids)
-        remaining = _remaining(time_limit_s, start)
-        solver = make_solver(time_limit_s=remaining, seed=self.seed, workers=self.workers)
-        status = solver.solve(m)
-
-        found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        stats: dict[str, Any] = {
-            "cp_status": solver.status_name(status),
-            "formulation": self.formulation,
-            "cp_wall_s": solver.wall_time,
-            "cost_scale": program.cost_scale,
-        }
-        outcome = Outcome(
-            chosen=[k for k, x in enumerate(v.x) if solver.boolean_value(x)] if found else None,
-            proven_optimal=status == cp_model.OPTIMAL,
-            proven_infeasible=status == cp_model.INFEASIBLE,
-            bound_units=solver.best_objective_bound if found else None,
-            stats=stats,
-        )
+        stats = dict(outcome.stats)
         lowest = None
         if outcome.proven_infeasible:
             schedule, profile, lower, proven = solve_min_peak(
@@ -323,6 +375,7 @@ class CpSatSolver:
                 formulation=self.formulation,
             )
             lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
+            outcome = dataclasses.replace(outcome, stats=stats)
         return finish(
             graph,
             budget_bytes,
