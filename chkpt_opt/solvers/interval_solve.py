@@ -28,7 +28,9 @@ from chkpt_opt.solvers.segments import candidate_cuts
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_POSITIONS = 96
-"""Graphs with more allowed cut positions than this are solved over a candidate subset."""
+"""Graphs with more allowed cut positions than this are solved over every cut after exact
+pruning (:mod:`chkpt_opt.solvers.pruning`; ``cpsat`` and ``milp`` with ``prune=True``, the
+default), or over a candidate subset of cuts (``lp_round``, and ``prune=False``)."""
 
 
 def candidate_positions(graph: CostGraph, *, max_positions: int | None) -> list[int] | None:
@@ -68,8 +70,9 @@ class Prepared:
 
 MAX_FLAT_OPS = 800
 """Largest graph the flat model is built for: its size grows with ops x candidate intervals;
-the 586-op gpt_large takes 86 s to build, a 1,162-op decoder exhausts 24 GiB. Larger graphs
-go to the hierarchical solver (``auto`` does this)."""
+over every cut the 586-op gpt_large has 515 cut positions, up to 132,000 intervals; a
+1,162-op decoder exhausted 24 GiB. Larger graphs go to the hierarchical solver (``auto``
+does this)."""
 
 
 def prepare(

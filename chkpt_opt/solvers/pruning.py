@@ -50,6 +50,7 @@ from chkpt_opt.solvers.interval_model import (
 )
 from chkpt_opt.solvers.interval_program import IntervalProgram, build_program
 from chkpt_opt.solvers.interval_solve import (
+    MAX_FLAT_OPS,
     Outcome,
     Prepared,
     finish,
@@ -217,8 +218,8 @@ class PrunedSolver:
             hierarchical solver on graphs of repeated blocks).
         build_share: the model's build stops once this share of the time limit has passed
             (the incumbent is then returned, without a bound).
-        min_milp_s: the MILP is skipped when less time than this is left after the LP (the
-            incumbent is then returned with the LP's bound).
+        min_milp_s: the final solve is skipped when less time than this is left after the LP
+            (the incumbent is then returned with the LP's bound).
         reduced_costs: also drop intervals by LP reduced costs (see the module docstring).
         backend: what solves the pruned program: ``"highs"`` (default: measured fastest to
             a proof here), ``"scip"`` or ``"cpsat"``.
@@ -240,6 +241,12 @@ class PrunedSolver:
         if self.backend not in ENGINES:
             raise SolverError(
                 f"backend {self.backend!r} is unknown; use one of {', '.join(ENGINES)}."
+            )
+        if graph.number_of_nodes() > MAX_FLAT_OPS:
+            raise SolverError(
+                f"graph {graph.graph.get('name', '')!r} has {graph.number_of_nodes()} ops; the "
+                f"flat integer program is built for at most {MAX_FLAT_OPS}. Use "
+                "solver='hierarchical' (repeated blocks) or 'auto', which picks it."
             )
         trivial = keep_all_result(graph, budget_bytes, solver=self.name, start=start)
         if trivial is not None:
@@ -281,8 +288,9 @@ class PrunedSolver:
                 t0 = time.perf_counter()
                 end = None if time_limit_s is None else start + time_limit_s
                 try:
-                    model = restrict(model, fixing.keep)
-                    program = build_program(model, deadline=end)
+                    small = restrict(model, fixing.keep)
+                    program = build_program(small, deadline=end)
+                    model = small
                     prepared = Prepared(model, program, prepared.build_s + time.perf_counter() - t0)
                     ids = model.interval_ids(best.schedule.spans(graph))
                 except BuildTimeout:
@@ -308,7 +316,7 @@ class PrunedSolver:
                     time_limit_s=_remaining(time_limit_s, start),
                 )
         else:
-            stats["milp_skipped"] = "out of time after the LP"
+            stats["milp_skipped"] = "out of time"
             outcome = Outcome(None, False, False, None)
         bound_units = outcome.bound_units
         if lp_bound_units is not None:
