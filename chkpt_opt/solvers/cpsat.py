@@ -44,6 +44,7 @@ from chkpt_opt.solvers.interval_solve import (
     keep_all_result,
     prepare,
     record_lowest,
+    remaining_s,
     warm_start,
 )
 from chkpt_opt.solvers.registry import register
@@ -247,7 +248,7 @@ def solve_min_peak(
     m2, v2 = build_cp_model(program, best_units, formulation=formulation)
     m2.minimize(sum(c * x for c, x in zip(program.cost_units, v2.x)))
     hint(m2, program, v2, chosen)
-    solver2 = make_solver(time_limit_s=_remaining(time_limit_s, start), seed=seed, workers=workers)
+    solver2 = make_solver(time_limit_s=remaining_s(time_limit_s, start), seed=seed, workers=workers)
     if solver2.solve(m2) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         chosen = [k for k, var in enumerate(v2.x) if solver2.boolean_value(var)]
     schedule, profile = judged(graph, prepared.model, chosen)
@@ -342,15 +343,16 @@ class CpSatSolver:
         if trivial is not None:
             return trivial
         if self.prune and candidate_positions(graph, max_positions=self.max_positions):
-            from chkpt_opt.solvers.pruning import PrunedSolver  # it builds on this module
+            from chkpt_opt.solvers.pruning import solve_pruned_as  # it builds on this module
 
-            pruned = PrunedSolver(backend="cpsat", seed=self.seed)
-            result = pruned(graph, budget_bytes, time_limit_s=_remaining(time_limit_s, start))
-            return dataclasses.replace(
-                result,
-                solver=self.name,
-                solve_s=time.perf_counter() - start,
-                stats={**result.stats, "pruned": True},
+            return solve_pruned_as(
+                self.name,
+                graph,
+                budget_bytes,
+                backend="cpsat",
+                seed=self.seed,
+                time_limit_s=time_limit_s,
+                start=start,
             )
         prepared = prepare(graph, max_positions=self.max_positions)
         fallback, hint_ids = warm_start(graph, budget_bytes, prepared.model, time_limit_s=None)
@@ -361,7 +363,7 @@ class CpSatSolver:
             seed=self.seed,
             workers=self.workers,
             hint_ids=hint_ids if self.warm_start else None,
-            time_limit_s=_remaining(time_limit_s, start),
+            time_limit_s=remaining_s(time_limit_s, start),
         )
         stats = dict(outcome.stats)
         lowest = None
@@ -369,7 +371,7 @@ class CpSatSolver:
             schedule, profile, lower, proven = solve_min_peak(
                 graph,
                 prepared,
-                time_limit_s=_remaining(time_limit_s, start),
+                time_limit_s=remaining_s(time_limit_s, start),
                 seed=self.seed,
                 workers=self.workers,
                 formulation=self.formulation,
@@ -386,9 +388,3 @@ class CpSatSolver:
             fallback=fallback,
             lowest=lowest,
         )
-
-
-def _remaining(time_limit_s: float | None, start: float) -> float | None:
-    if time_limit_s is None:
-        return None
-    return max(0.0, time_limit_s - (time.perf_counter() - start))

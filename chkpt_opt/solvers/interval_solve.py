@@ -283,3 +283,10 @@ def finish(
         bound=bound,
         stats=stats,
     )
+
+
+def remaining_s(time_limit_s: float | None, start: float) -> float | None:
+    """Seconds left of ``time_limit_s`` since ``start`` (``perf_counter``); None: no limit."""
+    if time_limit_s is None:
+        return None
+    return max(0.0, time_limit_s - (time.perf_counter() - start))

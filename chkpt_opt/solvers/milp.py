@@ -42,6 +42,7 @@ from chkpt_opt.solvers.interval_solve import (
     keep_all_result,
     prepare,
     record_lowest,
+    remaining_s,
     warm_start,
 )
 from chkpt_opt.solvers.registry import register
@@ -209,7 +210,7 @@ def solve_milp(
             z, x, y = program.values(hint_ids)
             solver.SetHint(v.z + v.x + v.y, [float(a) for a in z + x + y])
         status = run_milp(
-            solver, time_limit_s=_remaining(time_limit_s, start), seed=seed, backend=backend
+            solver, time_limit_s=remaining_s(time_limit_s, start), seed=seed, backend=backend
         )
         found = status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
         if attempt == 0:
@@ -270,15 +271,16 @@ class MilpSolver:
         if trivial is not None:
             return trivial
         if self.prune and candidate_positions(graph, max_positions=self.max_positions):
-            from chkpt_opt.solvers.pruning import PrunedSolver  # it builds on this module
+            from chkpt_opt.solvers.pruning import solve_pruned_as  # it builds on this module
 
-            pruned = PrunedSolver(backend=self.backend, seed=self.seed)
-            result = pruned(graph, budget_bytes, time_limit_s=_remaining(time_limit_s, start))
-            return dataclasses.replace(
-                result,
-                solver=self.name,
-                solve_s=time.perf_counter() - start,
-                stats={**result.stats, "pruned": True},
+            return solve_pruned_as(
+                self.name,
+                graph,
+                budget_bytes,
+                backend=self.backend,
+                seed=self.seed,
+                time_limit_s=time_limit_s,
+                start=start,
             )
         prepared = prepare(graph, max_positions=self.max_positions)
         fallback, hint_ids = warm_start(graph, budget_bytes, prepared.model, time_limit_s=None)
@@ -288,14 +290,14 @@ class MilpSolver:
             backend=self.backend,
             seed=self.seed,
             hint_ids=hint_ids if self.warm_start else None,
-            time_limit_s=_remaining(time_limit_s, start),
+            time_limit_s=remaining_s(time_limit_s, start),
         )
         stats = dict(outcome.stats)
         infeasible = outcome.proven_infeasible
         lowest = None
         if infeasible:
             schedule, profile, lower, min_proven = solve_min_peak(
-                graph, prepared, time_limit_s=_remaining(time_limit_s, start), seed=self.seed
+                graph, prepared, time_limit_s=remaining_s(time_limit_s, start), seed=self.seed
             )
             lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=min_proven)
             outcome = dataclasses.replace(outcome, stats=stats)
@@ -319,9 +321,3 @@ _STATUS = {
     pywraplp.Solver.ABNORMAL: "ABNORMAL",
     pywraplp.Solver.NOT_SOLVED: "NOT_SOLVED",
 }
-
-
-def _remaining(time_limit_s: float | None, start: float) -> float | None:
-    if time_limit_s is None:
-        return None
-    return max(0.0, time_limit_s - (time.perf_counter() - start))

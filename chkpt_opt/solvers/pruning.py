@@ -56,6 +56,7 @@ from chkpt_opt.solvers.interval_solve import (
     finish,
     keep_all_result,
     record_lowest,
+    remaining_s,
 )
 from chkpt_opt.solvers.lp_round import LP_TOLERANCE
 from chkpt_opt.solvers.milp import (
@@ -278,7 +279,7 @@ class PrunedSolver:
                 budget_bytes,
                 best.objective,
                 protect=ids or (),
-                time_limit_s=_remaining(time_limit_s, start),
+                time_limit_s=remaining_s(time_limit_s, start),
             )
             stats.update(lp_status=fixing.status, lp_s=fixing.lp_s)
             if fixing.bound_s is not None:
@@ -303,7 +304,7 @@ class PrunedSolver:
                     budget_bytes,
                     seed=self.seed,
                     hint_ids=ids,
-                    time_limit_s=_remaining(time_limit_s, start),
+                    time_limit_s=remaining_s(time_limit_s, start),
                     linearization_level=2,
                 )
             else:
@@ -313,7 +314,7 @@ class PrunedSolver:
                     backend=self.backend,
                     seed=self.seed,
                     hint_ids=ids,
-                    time_limit_s=_remaining(time_limit_s, start),
+                    time_limit_s=remaining_s(time_limit_s, start),
                 )
         else:
             stats["milp_skipped"] = "out of time"
@@ -328,7 +329,7 @@ class PrunedSolver:
         lowest = None
         if outcome.proven_infeasible and model.max_cost_s is None:
             schedule, profile, lower, proven = solve_min_peak(
-                graph, prepared, time_limit_s=_remaining(time_limit_s, start), seed=self.seed
+                graph, prepared, time_limit_s=remaining_s(time_limit_s, start), seed=self.seed
             )
             lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
         outcome = replace(outcome, bound_units=bound_units, stats=stats)
@@ -345,7 +346,7 @@ class PrunedSolver:
 
     def _time_left(self, time_limit_s: float | None, start: float) -> bool:
         """Whether at least ``min_milp_s`` of the time limit is left."""
-        left = _remaining(time_limit_s, start)
+        left = remaining_s(time_limit_s, start)
         return left is None or left >= self.min_milp_s
 
     def _incumbent_result(
@@ -367,7 +368,24 @@ class PrunedSolver:
         )
 
 
-def _remaining(time_limit_s: float | None, start: float) -> float | None:
-    if time_limit_s is None:
-        return None
-    return max(0.0, time_limit_s - (time.perf_counter() - start))
+def solve_pruned_as(
+    name: str,
+    graph: CostGraph,
+    budget_bytes: int,
+    *,
+    backend: str,
+    seed: int,
+    time_limit_s: float | None,
+    start: float,
+) -> SolveResult:
+    """:class:`PrunedSolver`'s result under another solver's name (``milp`` and ``cpsat``
+    above their ``max_positions``), timed from ``start`` and marked ``pruned`` in its stats."""
+    result = PrunedSolver(backend=backend, seed=seed)(
+        graph, budget_bytes, time_limit_s=remaining_s(time_limit_s, start)
+    )
+    return replace(
+        result,
+        solver=name,
+        solve_s=time.perf_counter() - start,
+        stats={**result.stats, "pruned": True},
+    )
