@@ -75,6 +75,16 @@ over every cut the 586-op gpt_large has 515 cut positions, up to 132,000 interva
 does this)."""
 
 
+def check_flat_size(graph: CostGraph) -> None:
+    """Refuses graphs of more than :data:`MAX_FLAT_OPS` ops (SolverError, naming the fix)."""
+    if graph.number_of_nodes() > MAX_FLAT_OPS:
+        raise SolverError(
+            f"graph {graph.graph.get('name', '')!r} has {graph.number_of_nodes()} ops; the flat "
+            f"integer program is built for at most {MAX_FLAT_OPS}. Use solver='hierarchical' "
+            "(repeated blocks) or 'auto', which picks it."
+        )
+
+
 def prepare(
     graph: CostGraph, *, max_positions: int | None = DEFAULT_MAX_POSITIONS, tight: bool = True
 ) -> Prepared:
@@ -83,12 +93,7 @@ def prepare(
     Raises:
         SolverError: for graphs of more than :data:`MAX_FLAT_OPS` ops.
     """
-    if graph.number_of_nodes() > MAX_FLAT_OPS:
-        raise SolverError(
-            f"graph {graph.graph.get('name', '')!r} has {graph.number_of_nodes()} ops; the flat "
-            f"integer program is built for at most {MAX_FLAT_OPS}. Use solver='hierarchical' "
-            "(repeated blocks) or 'auto', which picks it."
-        )
+    check_flat_size(graph)
     start = time.perf_counter()
     positions = candidate_positions(graph, max_positions=max_positions)
     model = build_interval_model(graph, positions=positions)

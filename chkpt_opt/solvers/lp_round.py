@@ -40,11 +40,17 @@ from chkpt_opt.solvers.interval_solve import (
     prepare,
     warm_start,
 )
-from chkpt_opt.solvers.milp import OBJECTIVE_UNITS, build_milp
+from chkpt_opt.solvers.milp import build_milp, objective_scale
 from chkpt_opt.solvers.registry import register
 
 LP_TOLERANCE = 1e-7
 """Relative allowance for GLOP's tolerances when its optimum is reported as a bound."""
+
+
+def lp_bound_s(lp_value_s: float, model: IntervalModel) -> float:
+    """A proven lower bound from an LP optimum of ``lp_value_s`` seconds (the LP solver's
+    tolerance taken off, relative and on the scale of the whole forward time)."""
+    return max(0.0, lp_value_s * (1 - LP_TOLERANCE) - LP_TOLERANCE * model.total_fwd_s)
 
 
 def threshold_rounds(model: IntervalModel, x: list[float]) -> list[tuple[int, ...]]:
@@ -217,11 +223,11 @@ class LpRoundSolver:
         proven_infeasible = status == pywraplp.Solver.INFEASIBLE and model.complete
         candidates: list[tuple[int, ...]] = []
         if status == pywraplp.Solver.OPTIMAL:
-            scale = OBJECTIVE_UNITS / model.total_fwd_s if model.total_fwd_s > 0 else 1.0
+            scale = objective_scale(model)
             lp_value = lp.Objective().Value() / scale
             stats["lp_bound_s"] = lp_value
             if model.complete:
-                bound = max(0.0, lp_value * (1 - LP_TOLERANCE) - LP_TOLERANCE * model.total_fwd_s)
+                bound = lp_bound_s(lp_value, model)
             z = [var.solution_value() for var in v.z]
             x = [var.solution_value() for var in v.x]
             candidates = threshold_rounds(model, x) + path_rounds(

@@ -31,7 +31,7 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.cpsat import solve_min_peak
-from chkpt_opt.solvers.interval_model import BuildTimeout
+from chkpt_opt.solvers.interval_model import BuildTimeout, IntervalModel
 from chkpt_opt.solvers.interval_program import IntervalProgram, check_deadline
 from chkpt_opt.solvers.interval_solve import (
     DEFAULT_MAX_POSITIONS,
@@ -52,6 +52,11 @@ DEFAULT_BACKEND = "highs"
 HINTED_BACKENDS = ("scip",)  # pywraplp crashes on SetHint with HiGHS (OR-Tools 9.15)
 OBJECTIVE_UNITS = 1e6
 MAX_TIGHTENINGS = 3
+
+
+def objective_scale(model: IntervalModel) -> float:
+    """Objective units per second of recompute: the whole forward time is OBJECTIVE_UNITS."""
+    return OBJECTIVE_UNITS / model.total_fwd_s if model.total_fwd_s > 0 else 1.0
 
 
 @dataclass
@@ -132,7 +137,7 @@ def build_milp(
     if program.fixed_bytes // program.byte_unit > budget_units:
         row(2, inf, [(z[0], 1)])  # the schedule-independent bytes alone exceed the budget
 
-    scale = OBJECTIVE_UNITS / model.total_fwd_s if model.total_fwd_s > 0 else 1.0
+    scale = objective_scale(model)
     objective = solver.Objective()
     for k, iv in enumerate(model.intervals):
         objective.SetCoefficient(x[k], iv.cost_s * scale)
@@ -191,7 +196,7 @@ def solve_milp(
     """
     start = time.perf_counter()
     model, program = prepared.model, prepared.program
-    scale = OBJECTIVE_UNITS / model.total_fwd_s if model.total_fwd_s > 0 else 1.0
+    scale = objective_scale(model)
     budget_units = program.budget_units(budget_bytes)
     first_bound: float | None = None
     first_status: int | None = None

@@ -50,20 +50,20 @@ from chkpt_opt.solvers.interval_model import (
 )
 from chkpt_opt.solvers.interval_program import IntervalProgram, build_program
 from chkpt_opt.solvers.interval_solve import (
-    MAX_FLAT_OPS,
     Outcome,
     Prepared,
+    check_flat_size,
     finish,
     keep_all_result,
     record_lowest,
     remaining_s,
 )
-from chkpt_opt.solvers.lp_round import LP_TOLERANCE
+from chkpt_opt.solvers.lp_round import lp_bound_s
 from chkpt_opt.solvers.milp import (
     BACKENDS,
     DEFAULT_BACKEND,
-    OBJECTIVE_UNITS,
     build_milp,
+    objective_scale,
     solve_milp,
 )
 from chkpt_opt.solvers.registry import register
@@ -179,7 +179,7 @@ def reduced_cost_fixing(
     )
     if status != pywraplp.Solver.OPTIMAL:
         return LpFixing(name, None, every, time.perf_counter() - start)
-    scale = OBJECTIVE_UNITS / model.total_fwd_s if model.total_fwd_s > 0 else 1.0
+    scale = objective_scale(model)
     lp_units = lp.Objective().Value()
     threshold = upper_s * scale * (1 + RC_MARGIN) + RC_MARGIN
     protected = set(protect)
@@ -190,8 +190,7 @@ def reduced_cost_fixing(
         or var.solution_value() > 1e-9
         or not lp_units + var.reduced_cost() > threshold
     )
-    lp_s = lp_units / scale
-    bound = max(0.0, lp_s * (1 - LP_TOLERANCE) - LP_TOLERANCE * model.total_fwd_s)
+    bound = lp_bound_s(lp_units / scale, model)
     return LpFixing(name, bound, keep, time.perf_counter() - start)
 
 
@@ -243,12 +242,7 @@ class PrunedSolver:
             raise SolverError(
                 f"backend {self.backend!r} is unknown; use one of {', '.join(ENGINES)}."
             )
-        if graph.number_of_nodes() > MAX_FLAT_OPS:
-            raise SolverError(
-                f"graph {graph.graph.get('name', '')!r} has {graph.number_of_nodes()} ops; the "
-                f"flat integer program is built for at most {MAX_FLAT_OPS}. Use "
-                "solver='hierarchical' (repeated blocks) or 'auto', which picks it."
-            )
+        check_flat_size(graph)
         trivial = keep_all_result(graph, budget_bytes, solver=self.name, start=start)
         if trivial is not None:
             return trivial
