@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from chkpt_opt.export.partitioner import PlanPartitioner, compile_module
-from chkpt_opt.lowering import lower
 from chkpt_opt.measure import measure_step_allocator, preserved_state, run_step
 
 if TYPE_CHECKING:
@@ -99,15 +98,9 @@ class CompiledLowering:
 
 
 def planned_saved_bytes(plan: Plan) -> int:
-    """Bytes the plan keeps alive when the forward pass ends (outputs included)."""
-    alive: dict[str, int] = {}
-    for step in lower(plan.graph, plan.schedule):
-        if step.kind != "fwd":
-            break
-        alive.update(step.alloc)
-        for instance in step.free:
-            alive.pop(instance, None)
-    return sum(alive.values())
+    """Bytes the plan keeps alive when the forward pass ends (outputs included), read from
+    its simulated timeline."""
+    return next(p.after_bytes for p in reversed(plan.profile.timeline) if p.kind == "fwd")
 
 
 def measure_compiled(
