@@ -209,25 +209,15 @@ def test_pruned_solver_returns_the_incumbent_when_out_of_time() -> None:
     assert result.status == SolveStatus.FEASIBLE and result.bound is None
 
 
-def test_milp_above_max_positions_solves_every_cut_after_pruning() -> None:
+@pytest.mark.parametrize("name", ["milp", "cpsat"])
+def test_flat_solver_above_max_positions_solves_every_cut_after_pruning(name: str) -> None:
     graph = random_dag(40, seed=2, skip_prob=0.5, max_inputs=3)
     budget = int(simulate(graph, Schedule()).peak_bytes * 0.85)
-    result = get_solver("milp", max_positions=16)(graph, budget)
-    assert result.solver == "milp" and result.stats["pruned"]
+    result = get_solver(name, max_positions=16)(graph, budget)
+    assert result.solver == name and result.stats["pruned"]
     assert_valid_result(graph, result, budget)
-    exact = get_solver("milp", max_positions=None)(graph, budget)
-    assert result.status == exact.status
-    assert result.objective == pytest.approx(exact.objective, rel=REL, abs=1e-15)
-    thinned = get_solver("milp", max_positions=16, prune=False)(graph, budget)
-    assert thinned.stats["complete_model"] is False
-
-
-def test_cpsat_above_max_positions_solves_every_cut_after_pruning() -> None:
-    graph = random_dag(40, seed=2, skip_prob=0.5, max_inputs=3)
-    budget = int(simulate(graph, Schedule()).peak_bytes * 0.85)
-    result = get_solver("cpsat", max_positions=16)(graph, budget)
-    assert result.solver == "cpsat" and result.stats["pruned"]
-    assert_valid_result(graph, result, budget)
-    exact = get_solver("cpsat", max_positions=None)(graph, budget)
+    exact = get_solver(name, max_positions=None)(graph, budget)
     assert result.status == exact.status == SolveStatus.OPTIMAL
     assert result.objective == pytest.approx(exact.objective, rel=REL, abs=1e-15)
+    thinned = get_solver(name, max_positions=16, prune=False)(graph, budget)
+    assert thinned.stats["complete_model"] is False
