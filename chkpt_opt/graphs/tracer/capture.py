@@ -19,6 +19,7 @@ from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
 from chkpt_opt.errors import TraceError
+from chkpt_opt.graphs.tracer.eager_program import eager_branches, resolved_constant_branches
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,31 @@ def capture(
 def _capture_export(
     model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Captured:
-    exported = torch.export.export(model, args, kwargs, strict=False)
+    """Exports the program the model runs eagerly (:mod:`.eager_program`); where that
+    program cannot be exported (an op whose fake kernel refuses what its eager kernel
+    runs), exports the model's export branch instead and says so in the notes."""
+    failures: list[str] = []
+    for compiling in (False, True):
+        try:
+            with eager_branches(compiling=compiling), resolved_constant_branches() as done:
+                exported = torch.export.export(model, args, kwargs, strict=False)
+        except Exception as err:
+            failures.append(_first_lines(err, limit=1))
+            log.info("export with the eager flags (compiling=%s) failed: %s", compiling, err)
+            continue
+        notes = [f"as eager: {what}" for what in dict.fromkeys(done)]
+        if compiling:
+            notes.append(
+                "captured with torch.compiler.is_compiling() True inside forward (ops the "
+                f"model picks when compiled): the eager program failed with {failures[0]}"
+            )
+        break
+    else:
+        exported = torch.export.export(model, args, kwargs, strict=False)
+        notes = [
+            "captured the model's torch.export branch, which may differ from its eager "
+            f"program: the eager one failed with {failures[0]}"
+        ]
     _check_outputs(exported)
     module = exported.module()
     flat = list(fx_pytree.tree_flatten_spec((args, kwargs), module._in_spec))
@@ -167,7 +192,13 @@ def _capture_export(
             f"the exported graph takes {len(placeholders)} inputs but the example inputs "
             f"flatten to {len(flat)}; pass inputs as tensors or plain containers of tensors."
         )
-    return Captured(module=module, flat_inputs=flat, method="export", fresh_module=exported.module)
+    return Captured(
+        module=module,
+        flat_inputs=flat,
+        method="export",
+        fresh_module=exported.module,
+        notes=notes,
+    )
 
 
 def _register_dataclass_outputs(
