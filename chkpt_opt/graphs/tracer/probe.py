@@ -143,8 +143,8 @@ def probe_op(
     with (
         torch.set_grad_enabled(grad_enabled),
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        tracker,
         counter,
+        tracker,  # innermost: FlopCounterMode decomposes some ops; the tracker sees them whole
     ):
         out = fn(*call_args, **call_kwargs)
     result.fwd_flops = int(counter.get_total_flops())
@@ -223,7 +223,7 @@ def probe_op(
     tracker.reset_peak()
     base = tracker.live_bytes
     bwd_counter = flop_counter()
-    with tracker, bwd_counter:
+    with bwd_counter, tracker:  # the tracker innermost, as in the forward
         grads = torch.autograd.grad(
             outs, [inputs[i] for i in targets], seeds, allow_unused=True, materialize_grads=False
         )
