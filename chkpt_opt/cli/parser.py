@@ -45,6 +45,7 @@ exit codes: 0 ok, 1 internal error, 2 bad input, 3 budget cannot be met, 4 model
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``chkpt-opt`` parser; each subcommand sets ``func``, its ``cmd_*`` function."""
     parser = argparse.ArgumentParser(
         prog="chkpt-opt",
         description="Optimal activation-checkpointing schedules for PyTorch training.",
