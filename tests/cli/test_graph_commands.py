@@ -1,34 +1,14 @@
-"""The chkpt-opt command line: subcommands, JSON output, files, and exit codes."""
+"""chkpt-opt on cost-graph files: trace, solve, simulate, show; their files and exit codes."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from chkpt_opt.cli import EXIT_INFEASIBLE, EXIT_INPUT, EXIT_OK, EXIT_TRACE, main
-
-SPEC = f"{Path(__file__).parent / 'cli_models.py'}:small_mlp"
-BUDGET = "2MB"  # below the keep-all step peak of small_mlp (about 3.4 MB), above its minimum
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture()
-def graph_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = tmp_path / "mlp.json"
-    code, out, _ = run(capsys, "trace", SPEC, "-o", str(path), "--json")
-    assert code == EXIT_OK
-    data = json.loads(out)
-    assert data["nodes"] > 10 and data["keep_all_peak_bytes"] > 0
-    return path
+from chkpt_opt.cli import EXIT_INFEASIBLE, EXIT_INPUT, EXIT_OK, EXIT_TRACE
+from tests.cli.conftest import BUDGET, run
 
 
 def test_trace_solve_simulate_show_round_trip(
@@ -113,66 +93,3 @@ def test_untraceable_or_missing_model_exits_4(
     code, _, err = run(capsys, "trace", f"{model_file}:build", "-o", str(tmp_path / "x.json"))
     assert code == EXIT_TRACE
     assert "cannot be traced" in err
-
-
-def test_optimize_validates_within_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(
-        capsys, "optimize", SPEC, "--budget", BUDGET, "--optimizer", "none", "--validate", "--json"
-    )
-    assert code == EXIT_OK
-    data = json.loads(out)
-    assert data["within_budget"] and data["grads_bitwise_equal"]
-    assert abs(data["prediction_error"]) <= 0.03
-
-
-def test_validate_compile_measures_the_compiled_step(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(
-        capsys, "validate", SPEC, "--budget", BUDGET, "--optimizer", "none", "--compile", "--json"
-    )
-    data = json.loads(out)
-    compiled = data["compiled"]
-    assert compiled["compiled_saved_bytes"] is not None
-    assert compiled["notes"] and "saves" in compiled["notes"][0]
-    assert data["passed"] == (data["within_budget"] and compiled["meets_budget"])
-    assert code == (EXIT_OK if data["passed"] else 1)
-
-
-def test_validate_compile_refuses_cuda(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(
-        capsys, "validate", SPEC, "--budget", BUDGET, "--compile", "--device", "cpu:0"
-    )
-    assert code == EXIT_INPUT
-    assert "--compile measures with the CPU allocator" in err
-
-
-def test_console_script_help_lists_examples() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "chkpt_opt.cli", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0
-    assert "examples:" in result.stdout and "exit codes" in result.stdout
-
-
-def test_max_batch_with_a_plan_is_larger(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(
-        capsys,
-        "max-batch",
-        SPEC,
-        "--budget",
-        BUDGET,
-        "--optimizer",
-        "none",
-        "--solver",
-        "greedy",
-        "--max-batch",
-        "2048",
-        "--json",
-    )
-    assert code == EXIT_OK
-    data = json.loads(out)
-    assert data["with_plan"] > data["without_checkpointing"] >= 1
-    fits = {batch: (keep, planned) for batch, keep, planned in data["probes"]}
-    assert fits[data["with_plan"]][1] and fits[data["without_checkpointing"]][0]

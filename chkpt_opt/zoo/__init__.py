@@ -1,0 +1,46 @@
+"""Reference models in plain PyTorch, with example inputs, for tests, examples and benchmarks.
+
+Every builder returns ``(model, example_args, example_kwargs)`` with random weights
+(seeded); the command line takes such a builder as a model spec, e.g. ``chkpt_opt.zoo:gpt``.
+
+The builders live by family: :mod:`~chkpt_opt.zoo.transformers` (gpt, encoder, vit,
+hf_gpt2), :mod:`~chkpt_opt.zoo.convnets` (resnet, unet, vgg, mobilenet),
+:mod:`~chkpt_opt.zoo.chains` (mlp); :mod:`~chkpt_opt.zoo.common` has ``Built`` and the
+parameter counts. All of them are importable from here.
+
+Example:
+    >>> model, args, kwargs = gpt(n_layer=2, d_model=64, n_head=4, seq_len=32, batch=2)
+    >>> model(*args, **kwargs).shape
+    torch.Size([])
+"""
+
+from chkpt_opt.zoo.chains import MLP as MLP
+from chkpt_opt.zoo.chains import mlp
+from chkpt_opt.zoo.common import Built as Built
+from chkpt_opt.zoo.common import n_params, param_mib
+from chkpt_opt.zoo.convnets import BasicBlock as BasicBlock
+from chkpt_opt.zoo.convnets import InvertedResidual as InvertedResidual
+from chkpt_opt.zoo.convnets import ResNet as ResNet
+from chkpt_opt.zoo.convnets import UNet as UNet
+from chkpt_opt.zoo.convnets import mobilenet, resnet, unet, vgg
+from chkpt_opt.zoo.transformers import GPT as GPT
+from chkpt_opt.zoo.transformers import Block as Block
+from chkpt_opt.zoo.transformers import CausalSelfAttention as CausalSelfAttention
+from chkpt_opt.zoo.transformers import Encoder as Encoder
+from chkpt_opt.zoo.transformers import EncoderBlock as EncoderBlock
+from chkpt_opt.zoo.transformers import ViT as ViT
+from chkpt_opt.zoo.transformers import encoder, gpt, hf_gpt2, vit
+
+__all__ = [
+    "encoder",
+    "gpt",
+    "hf_gpt2",
+    "mlp",
+    "mobilenet",
+    "n_params",
+    "param_mib",
+    "resnet",
+    "unet",
+    "vgg",
+    "vit",
+]

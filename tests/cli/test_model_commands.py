@@ -1,0 +1,62 @@
+"""chkpt-opt on a model spec: optimize, validate (eager and compiled), max-batch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chkpt_opt.cli import EXIT_INPUT, EXIT_OK
+from tests.cli.conftest import BUDGET, SPEC, run
+
+
+def test_optimize_validates_within_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "optimize", SPEC, "--budget", BUDGET, "--optimizer", "none", "--validate", "--json"
+    )
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert data["within_budget"] and data["grads_bitwise_equal"]
+    assert abs(data["prediction_error"]) <= 0.03
+
+
+def test_validate_compile_measures_the_compiled_step(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "validate", SPEC, "--budget", BUDGET, "--optimizer", "none", "--compile", "--json"
+    )
+    data = json.loads(out)
+    compiled = data["compiled"]
+    assert compiled["compiled_saved_bytes"] is not None
+    assert compiled["notes"] and "saves" in compiled["notes"][0]
+    assert data["passed"] == (data["within_budget"] and compiled["meets_budget"])
+    assert code == (EXIT_OK if data["passed"] else 1)
+
+
+def test_validate_compile_refuses_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        capsys, "validate", SPEC, "--budget", BUDGET, "--compile", "--device", "cpu:0"
+    )
+    assert code == EXIT_INPUT
+    assert "--compile measures with the CPU allocator" in err
+
+
+def test_max_batch_with_a_plan_is_larger(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "max-batch",
+        SPEC,
+        "--budget",
+        BUDGET,
+        "--optimizer",
+        "none",
+        "--solver",
+        "greedy",
+        "--max-batch",
+        "2048",
+        "--json",
+    )
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert data["with_plan"] > data["without_checkpointing"] >= 1
+    fits = {batch: (keep, planned) for batch, keep, planned in data["probes"]}
+    assert fits[data["with_plan"]][1] and fits[data["without_checkpointing"]][0]
