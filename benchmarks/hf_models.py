@@ -5,8 +5,8 @@ Run:
     python benchmarks/hf_models.py --models llama bert --skip-compile
 
 Models: Hugging Face families built from configs with random weights (Llama, GPT-2, BERT,
-T5, ViT, Mixtral; :mod:`chkpt_opt.hf_zoo`, 6 layers of width 256, batch 4 x 256 tokens)
-and the project's GPT-style zoo model. Per model, measured on the CPU in one process:
+T5, ViT, Mixtral; :mod:`chkpt_opt.zoo.huggingface`, 6 layers of width 256, batch 4 x 256
+tokens) and the project's GPT-style zoo model. Per model, measured on the CPU in one process:
 
 * the original model, and the captured keep-all rewrite beside it (fidelity: the program
   chkpt_opt rewrites must cost what the model costs);
@@ -48,10 +48,11 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 import chkpt_opt
-from chkpt_opt import hf_zoo, zoo
+from chkpt_opt import zoo
 from chkpt_opt.api import Plan
 from chkpt_opt.measure import measure_step, measure_step_allocator, run_step
 from chkpt_opt.simulate import simulate
+from chkpt_opt.zoo import huggingface as hf_zoo
 
 MODELS: dict[str, Callable[[], Any]] = {
     **{name: build for name, build in hf_zoo.FAMILIES.items()},

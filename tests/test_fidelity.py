@@ -12,10 +12,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from chkpt_opt import hf_zoo
 from chkpt_opt.api import plan
 from chkpt_opt.graphs.tracer.capture import capture
 from chkpt_opt.measure import measure_step
+from chkpt_opt.zoo import huggingface as hf_zoo
 
 SMALL = {"layers": 2, "width": 64, "batch": 2, "seq": 64}
 FIDELITY = 0.005  # the keep-all rewrite within 0.5% of the original's peak

@@ -6,7 +6,9 @@ Every builder returns ``(model, example_args, example_kwargs)`` with random weig
 The builders live by family: :mod:`~chkpt_opt.zoo.transformers` (gpt, encoder, vit,
 hf_gpt2), :mod:`~chkpt_opt.zoo.convnets` (resnet, unet, vgg, mobilenet),
 :mod:`~chkpt_opt.zoo.chains` (mlp); :mod:`~chkpt_opt.zoo.common` has ``Built`` and the
-parameter counts. All of them are importable from here.
+parameter counts. All of them are importable from here. Hugging Face families built from
+configs (Llama, GPT-2, BERT, T5, ViT, Mixtral) are in :mod:`~chkpt_opt.zoo.huggingface`
+(``chkpt_opt.zoo.huggingface:llama`` as a model spec; they need ``transformers``).
 
 Example:
     >>> model, args, kwargs = gpt(n_layer=2, d_model=64, n_head=4, seq_len=32, batch=2)

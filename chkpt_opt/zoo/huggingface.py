@@ -4,7 +4,7 @@ Each builder returns ``(model, args, kwargs)`` like :mod:`chkpt_opt.zoo`: ``mode
 :class:`LossOf` wrapper in train mode whose forward returns the model's training loss, so
 one step is exactly ``loss.backward()``; ``model.hf`` is the Hugging Face model itself
 (for ``gradient_checkpointing_enable()``). The command line takes them as model specs,
-e.g. ``chkpt_opt.hf_zoo:llama``. Requires ``transformers``.
+e.g. ``chkpt_opt.zoo.huggingface:llama``. Requires ``transformers``.
 
 Families: a decoder with RoPE, grouped-query attention and RMSNorm (Llama), GPT-2, an
 encoder (BERT), an encoder-decoder (T5), a vision transformer (ViT) and a mixture of
@@ -16,12 +16,12 @@ experts (Mixtral). Sizes default to 6 layers of width 256 and batches of 4 x 256
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
-Built = tuple[nn.Module, tuple[Any, ...], dict[str, Any]]
+from chkpt_opt.zoo.common import Built
+
 VOCAB = 2048
 
 
