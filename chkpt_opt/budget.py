@@ -64,15 +64,28 @@ class Budget:
         return format_bytes(self.total_bytes)
 
 
-def format_bytes(num_bytes: float) -> str:
-    """Formats a byte count in GB and GiB, the two units every printed budget shows.
+_DISPLAY_UNITS = (
+    (10**9, 2**30, "GB", "GiB"),
+    (10**6, 2**20, "MB", "MiB"),
+    (10**3, 2**10, "kB", "KiB"),
+)
 
-    Two decimals from 0.1 GB up; three significant digits below, so small budgets stay
-    readable (``0.000353 GB (0.000329 GiB)``).
+
+def format_bytes(num_bytes: float) -> str:
+    """Formats a byte count in a decimal and the matching binary unit, as every printed
+    budget shows them: GB and GiB from 0.1 GB up (two decimals), MB and MiB from 0.1 MB,
+    kB and KiB from 0.1 kB (three significant digits), plain bytes below.
+
+    Example:
+        >>> format_bytes(20 * 10**9), format_bytes(35_000)
+        ('20.00 GB (18.63 GiB)', '35 kB (34.2 KiB)')
     """
-    if abs(num_bytes) >= 10**8:
-        return f"{num_bytes / 1e9:.2f} GB ({num_bytes / 2**30:.2f} GiB)"
-    return f"{num_bytes / 1e9:.3g} GB ({num_bytes / 2**30:.3g} GiB)"
+    for decimal, binary, unit, binary_unit in _DISPLAY_UNITS:
+        if abs(num_bytes) >= decimal // 10:
+            if decimal == 10**9:
+                return f"{num_bytes / decimal:.2f} {unit} ({num_bytes / binary:.2f} {binary_unit})"
+            return f"{num_bytes / decimal:.3g} {unit} ({num_bytes / binary:.3g} {binary_unit})"
+    return f"{int(num_bytes)} bytes"
 
 
 def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = None) -> Budget:

@@ -34,7 +34,7 @@ def main() -> None:
 
     optimized = plan.apply()  # shares model's parameters: train it like the model
     report = chkpt_opt.validate(
-        model, optimized, inputs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=3
+        model, optimized, inputs, predicted_peak_bytes=plan.profile.peak_bytes
     )
     print(report.summary())
     measured_total = plan.static.resident_bytes + report.measured_peak_bytes

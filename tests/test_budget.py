@@ -218,20 +218,35 @@ def test_format_bytes_shows_gb_and_gib(num_bytes: int, expected: str) -> None:
     assert format_bytes(num_bytes) == expected
 
 
-_FORMATTED = re.compile(r"^(?P<gb>\S+) GB \((?P<gib>\S+) GiB\)$")
+_FORMATTED = re.compile(r"^(?P<dec>\S+) (?P<unit>[kMG])B \((?P<bin>\S+) (?P<binunit>[KMG])iB\)$")
+_SCALE = {"k": (10**3, 2**10), "M": (10**6, 2**20), "G": (10**9, 2**30)}
 
 
-@pytest.mark.parametrize("num_bytes", [353_000, 5 * 2**20, 12_345_678, 99_999_999, 7 * 10**12])
-def test_format_bytes_values_are_accurate_in_both_units(num_bytes: int) -> None:
+@pytest.mark.parametrize(
+    ("num_bytes", "unit"),
+    [
+        (353_000, "M"),
+        (35_000, "k"),
+        (5 * 2**20, "M"),
+        (12_345_678, "M"),
+        (99_999_999, "M"),
+        (7 * 10**12, "G"),
+    ],
+)
+def test_format_bytes_values_are_accurate_in_both_units(num_bytes: int, unit: str) -> None:
+    """A readable unit for the size (no "3.28e-05 GB"), the same scale in both systems."""
     match = _FORMATTED.match(format_bytes(num_bytes))
     assert match, format_bytes(num_bytes)
-    assert float(match["gb"]) == pytest.approx(num_bytes / 1e9, rel=0.01)
-    assert float(match["gib"]) == pytest.approx(num_bytes / 2**30, rel=0.01)
+    assert match["unit"] == unit and match["binunit"] == unit.upper()
+    decimal, binary = _SCALE[unit]
+    assert float(match["dec"]) == pytest.approx(num_bytes / decimal, rel=0.01)
+    assert float(match["bin"]) == pytest.approx(num_bytes / binary, rel=0.01)
+    assert "e-" not in format_bytes(num_bytes)
 
 
-def test_format_bytes_zero() -> None:
-    match = _FORMATTED.match(format_bytes(0))
-    assert match and float(match["gb"]) == 0.0 and float(match["gib"]) == 0.0
+def test_format_bytes_small_counts_are_bytes() -> None:
+    assert format_bytes(0) == "0 bytes"
+    assert format_bytes(64) == "64 bytes"
 
 
 def test_budget_str_shows_both_units() -> None:

@@ -74,6 +74,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             grads_bitwise_equal=report.grads_bitwise_equal,
             max_grad_rel_diff=report.max_grad_rel_diff,
             step_time_ratio=report.step_time_ratio,
+            step_time_ratio_spread=report.step_time_ratio_spread,
             prediction_error=report.prediction_error,
             within_budget=measured <= plan.budget.total_bytes,
         )
@@ -147,7 +148,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "baseline_forward_backward_bytes": report.baseline_peak_bytes,
         "prediction_error": report.prediction_error,
         "step_time_ratio": report.step_time_ratio,
+        "step_time_ratio_spread": report.step_time_ratio_spread,
+        "time_rounds": report.time_rounds,
         "grads_bitwise_equal": report.grads_bitwise_equal,
+        "grads_missing": list(report.grads_missing),
         "max_grad_rel_diff": report.max_grad_rel_diff,
         "within_budget": measured <= plan.budget.total_bytes,
     }

@@ -172,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tolerance", type=float, default=0.05, help="allowed |predicted-measured|/measured"
     )
-    p.add_argument("--repeats", type=int, default=5, help="timed steps per module")
+    p.add_argument(
+        "--repeats", type=int, default=9, help="timed rounds (both modules, alternating order)"
+    )
     p.add_argument(
         "--profile-times", action="store_true", help="time ops on the device for the solver"
     )
