@@ -18,12 +18,14 @@ same chain cut a few ops later, so that regions may straddle the original bounda
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
@@ -98,6 +100,7 @@ def make_blocks(graph: CostGraph, bounds: Sequence[int], *, phase: int = 0) -> B
     index = {v: i for i, v in enumerate(order)}
     names, kinds = [], []
     signatures: dict[tuple, int] = {}
+    previous_lo = 0
     for lo, hi in pairwise(bounds):
         names.append(keys[lo] or ("prologue" if lo == 0 else f"ops {lo}..{hi - 1}"))
         signature = tuple(
@@ -112,13 +115,24 @@ def make_blocks(graph: CostGraph, bounds: Sequence[int], *, phase: int = 0) -> B
                 a["grad_bytes"],
                 a["cut_after_ok"],
                 a["fwd_time_s"],
-                tuple(index[u] - i for u in sorted(graph.predecessors(v), key=index.get)),
+                tuple(
+                    _wire(u, index[u], i, lo, previous_lo)
+                    for u in sorted(graph.predecessors(v), key=index.get)
+                ),
             )
             for i, v in enumerate(order[lo:hi], start=lo)
             for a in (graph.nodes[v],)
         )
         kinds.append(signatures.setdefault(signature, len(signatures)))
+        previous_lo = lo
     return Blocks(tuple(bounds), tuple(names), tuple(kinds), phase)
+
+
+def _wire(producer: str, at: int, consumer_at: int, lo: int, previous_lo: int) -> Any:
+    """How an op reads one input, alike in identical blocks: by offset from the reader
+    inside the segment and the previous one (the chain), by name from further back (a
+    tensor every block reads, such as rotary embeddings or an attention mask)."""
+    return at - consumer_at if at >= previous_lo else ("shared", producer)
 
 
 def phase_shifts(graph: CostGraph, blocks: Blocks, *, max_phases: int) -> list[Blocks]:
@@ -192,6 +206,35 @@ class Segment:
     intervals: list[int] = field(default_factory=list)
     lifetimes: list[int] = field(default_factory=list)
     kept_end: list[int | None] = field(default_factory=list)
+
+
+def fold_shared_lifetimes(model: IntervalModel, blocks: Blocks) -> tuple[IntervalModel, int]:
+    """The model with every storage held by ops of several segments made schedule-free:
+    alive until the latest end any schedule gives it (its bytes join ``base_bytes``).
+
+    Such a storage is one that every block reads from the prologue (a model's rotary
+    embeddings, an attention mask). The folded model never under-states the memory, so a
+    schedule it accepts fits; it may over-state by those bytes at some slots, so it proves
+    nothing about optimality. Returns the model and the number of storages folded.
+    """
+    seg_of_op = [0] * model.n_ops
+    for j, (lo, hi) in enumerate(blocks.segments):
+        for i in range(lo, hi):
+            seg_of_op[i] = j
+    base = list(model.base_bytes)
+    kept: list[Lifetime] = []
+    folded = 0
+    for life in model.lifetimes:
+        if len({seg_of_op[h.node] for h in life.holders}) <= 1:
+            kept.append(life)
+            continue
+        last = min(max(life.ends, default=life.fixed_end), model.end_slot - 1)
+        for slot in range(life.fixed_end + 1, last + 1):
+            base[slot] += life.size_bytes
+        folded += 1
+    if not folded:
+        return model, 0
+    return dataclasses.replace(model, lifetimes=tuple(kept), base_bytes=tuple(base)), folded
 
 
 def split_model(model: IntervalModel, blocks: Blocks) -> list[Segment]:

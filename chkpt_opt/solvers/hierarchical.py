@@ -40,6 +40,7 @@ from chkpt_opt.solvers.blocks import (
     Segment,
     evaluate,
     find_blocks,
+    fold_shared_lifetimes,
     phase_shifts,
     split_model,
 )
@@ -440,7 +441,9 @@ class HierarchicalSolver:
         start: float,
         time_limit_s: float | None,
     ) -> _Phase:
-        model = build_interval_model(graph, segments=blocks.bounds)
+        model, _ = fold_shared_lifetimes(
+            build_interval_model(graph, segments=blocks.bounds), blocks
+        )
         segments = split_model(model, blocks)
         pools: dict[int, OptionPool] = {}
         for seg, kind in zip(segments, blocks.kinds):
