@@ -2,7 +2,7 @@
 
 A keep-set schedule is a set of disjoint recompute regions, each an interval ``[a, b)`` of the
 execution order whose ends are allowed cut positions. This module precomputes, from the graph
-alone and following the rules of :mod:`chkpt_opt.lowering` exactly, everything the memory and
+alone and following the rules of :mod:`chkpt_opt.op_sequence` exactly, everything the memory and
 compute of such a schedule depend on, so that a schedule becomes a choice of intervals and its
 memory a linear function of that choice:
 
@@ -12,7 +12,7 @@ memory a linear function of that choice:
   lowered schedule maps to one slot; the recompute steps of a replay map to the recompute slot
   of the trigger, whose bytes are the peak over those steps.
 * **intervals**: every candidate region with its recompute cost (the forward time of the ops
-  its replay runs, :func:`chkpt_opt.lowering.replayed_ops`: from its start up to its last op
+  its replay runs, :func:`chkpt_opt.op_sequence.replayed_ops`: from its start up to its last op
   with ``n_saved > 0``, that op included only if it saves one of its own storages; a region is
   replayed only if it has a trigger, an op with ``n_saved > 0`` and a backward), the slot of
   its replay, the peak bytes of that replay, the recomputed storages it holds after the
@@ -24,7 +24,7 @@ memory a linear function of that choice:
   saver or reader inside a region that does not contain the storage's owner until the
   region's release. The possible ends form a short sorted list ``ends``.
 * **base bytes**: what does not depend on the schedule: gradients and parameter gradients
-  (taken from the lowering of the keep-all schedule, which places them identically for every
+  (taken from the op sequence of the keep-all schedule, which places them identically for every
   schedule), transients of forward, backward and accumulate steps, and the fixed part of every
   forward storage's life.
 
@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import ScheduleError, SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
-from chkpt_opt.lowering import lower, replayed_ops
+from chkpt_opt.op_sequence import lower, replayed_ops
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import MemoryProfile
 
@@ -316,7 +316,7 @@ def _last_before(flags: list[bool]) -> list[int]:
 
 
 class _Builder:
-    """Builds an :class:`IntervalModel` (one pass per quantity, mirroring lowering.py)."""
+    """Builds an :class:`IntervalModel` (one pass per quantity, mirroring op_sequence.py)."""
 
     def __init__(
         self,
@@ -365,7 +365,7 @@ class _Builder:
     # -- slots ---------------------------------------------------------------------------
 
     def _slots(self) -> None:
-        """Slots from the keep-all lowering, with a recompute slot before every op that can
+        """Slots from the keep-all op sequence, with a recompute slot before every op that can
         trigger a replay; also the schedule-independent gradient and transient bytes."""
         nodes = self.nodes
         steps = lower(self.graph, Schedule())
