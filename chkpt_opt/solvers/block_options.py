@@ -4,9 +4,9 @@ that picks one option per segment, and the final polish over every segment at on
 :mod:`chkpt_opt.solvers.hierarchical`).
 
 A block program states the rows of :mod:`~chkpt_opt.solvers.interval_program` (tight holds)
-for the slots of one segment, in bytes, with the same variables type and the same objective
-scaling (:func:`~chkpt_opt.solvers.interval_program.cost_scale`); it adds the peak ``P`` as a
-variable, which the flat program does not have.
+for the slots of one segment, in bytes, with the same variables type; its objective scaling is
+:func:`~chkpt_opt.solvers.interval_program.block_cost_scale`, defined next to the flat
+program's. It adds the peak ``P`` as a variable, which the flat program does not have.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ortools.sat.python import cp_model
 
 from chkpt_opt.solvers.blocks import Segment, evaluate
 from chkpt_opt.solvers.interval_model import IntervalModel
-from chkpt_opt.solvers.interval_program import ProgramVariables, cost_scale
+from chkpt_opt.solvers.interval_program import ProgramVariables, block_cost_scale
 
 Spans = tuple[tuple[int, int], ...]
 
@@ -50,7 +50,7 @@ class BlockProgram:
     ) -> None:
         m = m if m is not None else cp_model.CpModel()
         last = model.end_slot - 1
-        scale = cost_scale(model.total_fwd_s)
+        scale = block_cost_scale(model.total_fwd_s)
 
         # z[i]: op i lies outside every region.
         z = {i: m.new_bool_var(f"z{i}") for i in range(seg.lo, seg.hi)}

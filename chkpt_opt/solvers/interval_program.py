@@ -21,10 +21,14 @@ Constraints:
 The objective is ``sum cost_units[k] * x[k]`` with the recompute time of interval ``k`` in
 units of ``1 / cost_scale`` seconds, rounded to integers (``cost_scale`` is a power of ten
 that keeps the largest possible objective under 2**40, so the rounding is below 1e-12 of
-the whole forward time; :func:`cost_scale`, the one scaling of the objective: the
-hierarchical solver's block programs use it too). The float engines (MILP, LP) state the same
+the whole forward time; :func:`cost_scale`). The float engines (MILP, LP) state the same
 objective in seconds times :attr:`IntervalProgram.float_scale` (the whole forward time is
-:data:`FLOAT_OBJECTIVE_UNITS`, which keeps their tolerances meaningful). Byte counts are
+:data:`FLOAT_OBJECTIVE_UNITS`, which keeps their tolerances meaningful), and the hierarchical
+solver's block programs in integer units of :func:`block_cost_scale` (the whole forward time
+is :data:`BLOCK_OBJECTIVE_UNITS`). The three are defined here only; giving the block programs
+:func:`cost_scale` as well was tried and changes which of equally cheap schedules they return
+(gpt_small at 0.9 of its peak: same recompute time, other regions), so it waits for a change
+that may move schedules. Byte counts are
 divided by their greatest common divisor ``byte_unit`` (exact: every count is a multiple of
 it, and the budget is rounded down).
 
@@ -43,6 +47,7 @@ from chkpt_opt.solvers.interval_model import Interval, IntervalModel
 
 MAX_OBJECTIVE_UNITS = 2**40
 FLOAT_OBJECTIVE_UNITS = 1e6
+BLOCK_OBJECTIVE_UNITS = 1e12
 
 V = TypeVar("V")
 
@@ -53,6 +58,12 @@ def cost_scale(total_fwd_s: float) -> float:
     if total_fwd_s <= 0:
         return 1.0
     return 10.0 ** math.floor(math.log10(MAX_OBJECTIVE_UNITS / total_fwd_s))
+
+
+def block_cost_scale(total_fwd_s: float) -> float:
+    """Integer objective units per second in a block program (before rounding): the whole
+    forward time is :data:`BLOCK_OBJECTIVE_UNITS`."""
+    return BLOCK_OBJECTIVE_UNITS / total_fwd_s if total_fwd_s > 0 else 1.0
 
 
 @dataclass(frozen=True)
