@@ -4,18 +4,14 @@ Example:
     >>> import torch, chkpt_opt
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
     >>> optimized = chkpt_opt.optimize(net, (torch.randn(32, 64),), budget="1MB", optimizer=None)
+
+The names that need torch (tracing, planning, validating, compiling) are imported on first
+use, so ``import chkpt_opt.solvers`` and ``chkpt_opt.graphs.io`` run without torch.
 """
 
-from chkpt_opt.api import (
-    Plan,
-    activation_budget,
-    apply,
-    optimize,
-    plan,
-    smallest_peak,
-    solve,
-    trace,
-)
+import importlib
+import sys
+
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes, parse_budget
 from chkpt_opt.errors import (
     BudgetError,
@@ -31,18 +27,41 @@ from chkpt_opt.graphs.io import load_graph, save_graph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult, SolveStatus, available_solvers, get_solver
-from chkpt_opt.validate import ValidationReport, validate
 
 __version__ = "0.1.0"
 
+# Public names that import torch: name -> the module defining it, imported on first use.
+_LAZY = {
+    "Plan": "chkpt_opt.api",
+    "activation_budget": "chkpt_opt.api",
+    "apply": "chkpt_opt.api",
+    "optimize": "chkpt_opt.api",
+    "plan": "chkpt_opt.api",
+    "smallest_peak": "chkpt_opt.api",
+    "solve": "chkpt_opt.api",
+    "trace": "chkpt_opt.api",
+    "ValidationReport": "chkpt_opt.validate",
+    "validate": "chkpt_opt.validate",
+    # compile_module imports Inductor (about a second).
+    "compile_module": "chkpt_opt.export.partitioner",
+}
+
 
 def __getattr__(name: str) -> object:
-    # compile_module imports Inductor (about a second): only when asked for.
-    if name == "compile_module":
-        from chkpt_opt.export.partitioner import compile_module
+    if name not in _LAZY:
+        raise AttributeError(f"module 'chkpt_opt' has no attribute {name!r}")
+    importlib.import_module(_LAZY[name])
+    # Importing a submodule binds it on this package under its own name, which for
+    # chkpt_opt.validate hides the function validate: bind every loaded lazy name again.
+    for other, module_name in _LAZY.items():
+        module = sys.modules.get(module_name)
+        if module is not None:
+            globals()[other] = getattr(module, other)
+    return globals()[name]
 
-        return compile_module
-    raise AttributeError(f"module 'chkpt_opt' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

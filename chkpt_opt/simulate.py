@@ -1,6 +1,6 @@
 """The simulator: the one reference for the peak memory and compute cost of a schedule.
 
-It walks the op sequence of :func:`chkpt_opt.lowering.lower` and sums the bytes alive at
+It walks the op sequence of :func:`chkpt_opt.op_sequence.lower` and sums the bytes alive at
 every step. The bytes are those created during the step (activations, their gradients,
 parameter gradients, buffers saved by ops); parameters, module buffers, inputs and
 optimizer state are resident and are added by the caller (see :mod:`chkpt_opt.budget`).
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.lowering import lower
+from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule, check_schedule
 
 

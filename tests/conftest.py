@@ -13,7 +13,7 @@ from chkpt_opt import zoo
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import check_schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers import SolveStatus
+from chkpt_opt.solvers import SolveResult, SolveStatus
 
 REL = 1e-9  # relative tolerance on compute costs (sums of floats in different orders)
 
@@ -43,18 +43,40 @@ MODELS = {
 }
 
 
-def assert_valid_result(graph: CostGraph, result: Any, budget: int) -> None:
-    """A solver's result agrees with the simulator and its status with the budget."""
+def assert_valid_result(
+    graph: CostGraph,
+    result: Any,
+    budget: int,
+    *,
+    rel: float = REL,
+    abs_objective: float = 1e-15,
+    abs_bound: float = 1e-15,
+) -> None:
+    """The one validity check of a solver result: a valid schedule, numbers that agree with
+    the simulator, a status that agrees with the budget, an honest bound and proof flags.
+
+    ``rel`` and the ``abs_*`` tolerances allow for sums of the same floats in other orders.
+    """
+    name = getattr(result, "solver", "?")
+    assert isinstance(result, SolveResult), name
+    assert isinstance(result.status, SolveStatus), name
     check_schedule(graph, result.schedule)
     profile = simulate(graph, result.schedule)
-    assert profile.peak_bytes == result.peak_bytes
-    assert profile.recompute_s == pytest.approx(result.objective, rel=REL, abs=1e-15)
+    assert profile.peak_bytes == result.peak_bytes, (name, result.peak_bytes, profile.peak_bytes)
+    assert profile.recompute_s == pytest.approx(result.objective, rel=rel, abs=abs_objective), name
+    assert result.budget_bytes == budget, name
+    assert result.objective >= 0 and result.solve_s >= 0, name
     if result.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
-        assert profile.peak_bytes <= budget
-    else:
-        assert profile.peak_bytes > budget
+        assert profile.peak_bytes <= budget, (name, result.status, profile.peak_bytes, budget)
+    else:  # infeasible / timed out: nothing found fits, so what is returned does not fit
+        assert profile.peak_bytes > budget, (name, result.status, profile.peak_bytes, budget)
     if result.bound is not None:
-        assert result.bound <= result.objective * (1 + REL) + 1e-15
+        assert result.feasible, (name, "a bound without a feasible schedule")
+        assert result.bound <= result.objective * (1 + rel) + abs_bound, (name, result.bound)
+    if result.gap is not None:
+        assert 0.0 <= result.gap <= 1.0, (name, result.gap)
+    if result.proves_infeasible:
+        assert result.status == SolveStatus.INFEASIBLE, name
 
 
 def budget_at(model: torch.nn.Module, args: tuple[Any, ...], fraction: float) -> int:

@@ -10,7 +10,6 @@ documented ones (SolverError for a graph a solver does not handle, InfeasibleBud
 
 from __future__ import annotations
 
-import math
 import random
 import time
 
@@ -21,9 +20,10 @@ from hypothesis import strategies as st
 from chkpt_opt.errors import InfeasibleBudgetError, SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph, new_graph, node_attrs, ordered_nodes
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule, check_schedule
+from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveResult, SolveStatus, available_solvers, get_solver
+from tests.conftest import assert_valid_result
 
 SOLVERS = sorted(available_solvers())
 DOCUMENTED = (SolverError, InfeasibleBudgetError)
@@ -177,24 +177,7 @@ def run_solver(name: str, graph: CostGraph, budget: int) -> SolveResult | None:
 
 def check_result(name: str, graph: CostGraph, budget: int, result: SolveResult) -> None:
     """One solver's result is valid, within its budget when it says so, and honest."""
-    assert isinstance(result, SolveResult), name
-    assert isinstance(result.status, SolveStatus), name
-    check_schedule(graph, result.schedule)
-    profile = simulate(graph, result.schedule)
-    fits = profile.peak_bytes <= budget
-    assert result.peak_bytes == profile.peak_bytes, (name, result.peak_bytes, profile.peak_bytes)
-    assert result.budget_bytes == budget, name
-    if result.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
-        assert fits, (name, result.status, profile.peak_bytes, budget)
-    else:  # infeasible / timed out: nothing found fits, so what is returned does not fit
-        assert not fits, (name, result.status, profile.peak_bytes, budget)
-    assert math.isclose(result.objective, profile.recompute_s, rel_tol=1e-6, abs_tol=1e-12), name
-    assert result.objective >= 0 and result.solve_s >= 0, name
-    if result.bound is not None:
-        assert result.feasible, (name, "a bound without a feasible schedule")
-        assert result.bound <= result.objective * (1 + 1e-6) + EPS, (name, result.bound)
-    if result.gap is not None:
-        assert 0.0 <= result.gap <= 1.0, (name, result.gap)
+    assert_valid_result(graph, result, budget, rel=1e-6, abs_objective=1e-12, abs_bound=EPS)
 
 
 def check_consistent(graph: CostGraph, budget: int, results: dict[str, SolveResult]) -> None:

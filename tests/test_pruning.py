@@ -1,4 +1,4 @@
-"""Exact pruning of the every-cut interval program (chkpt_opt.solvers.pruning).
+"""Exact pruning of the every-cut interval program (solvers.pruned, solvers.reductions).
 
 The cost-pruned model is the full model less its intervals over the cap, built without ever
 building them; restricting a model to a set of intervals gives what the builder would build
@@ -21,12 +21,14 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
+from chkpt_opt.solvers.engines.milp_engine import solve_milp
 from chkpt_opt.solvers.enumerate import best_for_budget, evaluate_all, pareto_front
-from chkpt_opt.solvers.interval_model import BuildTimeout, build_interval_model
+from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_program import build_program
-from chkpt_opt.solvers.interval_solve import Prepared, finish
-from chkpt_opt.solvers.milp import solve_milp
-from chkpt_opt.solvers.pruning import cost_cap, reduced_cost_fixing, restrict
+from chkpt_opt.solvers.judge import finish
+from chkpt_opt.solvers.prepare import Prepared
+from chkpt_opt.solvers.reductions import cost_cap, reduced_cost_fixing, restrict
 from tests.conftest import REL, assert_valid_result
 
 
@@ -134,7 +136,7 @@ def test_pruned_program_equals_enumeration(tight_cap: bool) -> None:
             assert fixing.bound_s <= best.recompute_s * (1 + REL) + 1e-15
             model = restrict(model, fixing.keep)
             prepared = Prepared(model, build_program(model), 0.0)
-            outcome = solve_milp(prepared, budget)
+            outcome = solve_milp(prepared.program, budget)
             # finish() trusts the pruned model only given an incumbent under the cap.
             incumbent = greedy if not tight_cap else _as_result(greedy, best.recompute_s)
             result = finish(
@@ -143,7 +145,7 @@ def test_pruned_program_equals_enumeration(tight_cap: bool) -> None:
                 prepared,
                 outcome,
                 solver="test",
-                start=time.perf_counter(),
+                deadline=Deadline.after(None),
                 fallback=incumbent,
             )
             where = (graph.graph["name"], budget, upper)
@@ -193,8 +195,8 @@ def test_pruned_solver_agrees_with_the_every_cut_milp() -> None:
 def test_build_stops_at_its_deadline() -> None:
     graph = random_dag(160, seed=3, skip_prob=0.5, max_inputs=3)
     start = time.perf_counter()
-    with pytest.raises(BuildTimeout):
-        build_interval_model(graph, deadline=start + 0.05)
+    with pytest.raises(DeadlineExceeded):
+        build_interval_model(graph, deadline=Deadline(start, 0.05))
     assert time.perf_counter() - start < 2.0
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.lowering import lower
+from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule, check_schedule, cut_positions
 from chkpt_opt.simulate import simulate
 

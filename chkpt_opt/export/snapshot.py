@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.lowering import lower
+from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
 
 _ALIGN = 512

@@ -10,7 +10,7 @@ fallback), then the exact solver that fits the graph and the time limit:
 * ``pruned`` when the graph has more allowed cuts than CP-SAT solves flat
   (``flat_max_positions``) and at most ``pruned_max_ops`` ops: an incumbent from greedy and
   (on repeated blocks) the hierarchical solver, then the MILP over every cut after exact
-  pruning (:mod:`chkpt_opt.solvers.pruning`); measured on the corpus graphs of 184-298 ops at
+  pruning (:mod:`chkpt_opt.solvers.pruned`); measured on the corpus graphs of 184-298 ops at
   budgets 0.9-0.3 of the keep-all peak: proven optimal within 60 s, where the flat solvers
   over a subset of cuts had no bound. Out of time, it returns its incumbent;
 * ``hierarchical`` on larger graphs made of repeated blocks (feasible, not proven optimal:
@@ -18,15 +18,16 @@ fallback), then the exact solver that fits the graph and the time limit:
 * ``cpsat`` otherwise (over a candidate subset of cuts on very large graphs, then never
   reported optimal).
 
-The exact solvers warm-start from greedy. The best result wins (cheapest that fits, else
-lowest peak); its status is honest: ``optimal`` only when proven (a result that meets the
-best proven bound of any solver counts), ``feasible`` with the best bound otherwise.
+The exact solvers warm-start from greedy. A stage stops the search when its result is a
+proof (:attr:`~chkpt_opt.solvers.base.SolveResult.proven`: optimal, or infeasible with a
+proof), whichever solver gave it. The best result wins (cheapest that fits, else lowest
+peak); its status is honest: ``optimal`` only when proven (a result that meets the best
+proven bound of any solver counts), ``feasible`` with the best bound otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
@@ -34,9 +35,10 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import cut_positions
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.blocks import find_blocks
-from chkpt_opt.solvers.dp_chain import chain_cuts
+from chkpt_opt.solvers.chain_cuts import chain_cuts
+from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.enumerate import count_schedules
-from chkpt_opt.solvers.interval_solve import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.registry import get_solver, register
 
 PRUNED_MAX_OPS = 600
@@ -101,8 +103,8 @@ class AutoSolver:
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
-        start = time.perf_counter()
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
+        deadline = Deadline.after(limit)
         results: list[SolveResult] = []
         stages: list[list[str]] = [[name] for name in self.solvers]
         if self.exact:
@@ -118,18 +120,17 @@ class AutoSolver:
         for stage in stages:
             result = None
             for name in stage:  # the first solver of the stage that accepts the graph
-                remaining = max(0.0, limit - (time.perf_counter() - start))
                 try:
-                    result = get_solver(name)(graph, budget_bytes, time_limit_s=remaining)
+                    result = get_solver(name)(
+                        graph, budget_bytes, time_limit_s=deadline.remaining_s()
+                    )
                     break
                 except SolverError as err:
                     errors[name] = str(err)
             if result is None:
                 continue
             results.append(result)
-            if result.status == SolveStatus.OPTIMAL or (
-                result.status == SolveStatus.INFEASIBLE and _proven_infeasible(result)
-            ):
+            if result.proven:
                 break
         if not results:
             raise SolverError(f"no solver could run on this graph: {errors}")
@@ -139,7 +140,8 @@ class AutoSolver:
         status = best.status
         if status == SolveStatus.FEASIBLE and bound is not None and best.objective <= bound + 1e-12:
             status = SolveStatus.OPTIMAL
-        if status == SolveStatus.INFEASIBLE and not any(_proven_infeasible(r) for r in results):
+        proven_infeasible = any(r.proves_infeasible for r in results)
+        if status == SolveStatus.INFEASIBLE and not proven_infeasible:
             timed_out = any(r.status == SolveStatus.TIMED_OUT for r in results)
             status = SolveStatus.TIMED_OUT if timed_out else status
         stats = dict(best.stats)
@@ -153,18 +155,10 @@ class AutoSolver:
             bound=bound if status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE) else None,
             budget_bytes=budget_bytes,
             solver=self.name,
-            solve_s=time.perf_counter() - start,
+            solve_s=deadline.elapsed_s(),
             stats=stats,
+            proves_infeasible=status == SolveStatus.INFEASIBLE and proven_infeasible,
         )
-
-
-def _proven_infeasible(result: SolveResult) -> bool:
-    """Whether an infeasible result comes with a proof (exact solvers on a complete model)."""
-    if result.solver == "enumerate":
-        return bool(result.stats.get("complete"))
-    if result.solver in ("cpsat", "milp", "hierarchical", "dp_chain", "pruned"):
-        return bool(result.stats.get("complete_model")) and "min_feasible_bytes" in result.stats
-    return False
 
 
 def _is_chain(graph: CostGraph) -> bool:

@@ -47,6 +47,8 @@ class SolveResult:
         solver: the solver's name.
         solve_s: wall-clock seconds spent solving.
         stats: solver-specific numbers (candidates tried, nodes explored, ...).
+        proves_infeasible: the solver proved that no schedule of the whole schedule model
+            fits the budget (only with status ``infeasible``).
     """
 
     schedule: Schedule
@@ -58,6 +60,20 @@ class SolveResult:
     solver: str
     solve_s: float
     stats: Mapping[str, Any] = field(default_factory=dict)
+    proves_infeasible: bool = False
+
+    @property
+    def proves_optimal(self) -> bool:
+        """Whether the schedule is proven optimal for the whole schedule model."""
+        return self.status == SolveStatus.OPTIMAL
+
+    @property
+    def proven(self) -> bool:
+        """Whether the status is a proof: optimal, or infeasible with a proof; a solver that
+        composes others may stop at such a result."""
+        return self.proves_optimal or (
+            self.status == SolveStatus.INFEASIBLE and self.proves_infeasible
+        )
 
     @property
     def feasible(self) -> bool:
@@ -93,9 +109,14 @@ def result_from_profile(
     solve_s: float,
     bound: float | None = None,
     proven_optimal: bool = False,
+    proven_infeasible: bool = False,
     stats: Mapping[str, Any] | None = None,
 ) -> SolveResult:
-    """Builds a SolveResult for a schedule that was simulated, setting the status honestly."""
+    """Builds a SolveResult for a schedule that was simulated, setting the status honestly.
+
+    ``proven_infeasible``: the solver proved no schedule fits (kept only when the schedule
+    indeed does not fit).
+    """
     fits = profile.peak_bytes <= budget_bytes
     if not fits:
         status = SolveStatus.INFEASIBLE
@@ -113,4 +134,5 @@ def result_from_profile(
         solver=solver,
         solve_s=solve_s,
         stats=dict(stats or {}),
+        proves_infeasible=proven_infeasible and not fits,
     )

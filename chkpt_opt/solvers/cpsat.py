@@ -1,311 +1,23 @@
-"""CP-SAT over the interval model: exact keep-set schedules with a proven bound.
-
-The program is the one of :mod:`chkpt_opt.solvers.interval_program`: 0/1 variables choosing
-the regions (a path through the cut positions), 0/1 variables for how long each forward
-storage lives, and the memory of every slot of the forward and backward timeline kept under
-the budget. Two forms of the memory constraint are available:
-
-* ``"linear"``: one linear row per distinct slot (time-indexed);
-* ``"cumulative"`` (Moccasin-style): one interval per storage lifetime, whose end is a sum of
-  0/1 variables, optional intervals for each region's replay and the recomputed storages it
-  holds, fixed intervals for the schedule-independent bytes, and a single cumulative
-  constraint of capacity ``budget_bytes``.
-
-Both are exact and agree (tests). The linear form is the default: measured 2 to 100 times
-faster on 2 cores (random DAGs of 20-80 ops, traced GPT/ResNet/U-Net/MLP of 29-58 ops, four
-budgets each; e.g. a 34-op MLP: 1.2 s against 50-60 s per budget, and the cumulative form left
-gaps open at 60 s on an 80-op DAG), because its LP relaxation is much stronger. The objective
-is the recompute time in integer units (see :mod:`~chkpt_opt.solvers.interval_program`). The
-greedy schedule is the warm start (a hint). With the default single worker the search is
-deterministic for a fixed ``seed``.
+"""``solver="cpsat"``: exact keep-set schedules with a proven bound, by CP-SAT over the
+interval program (:mod:`~chkpt_opt.solvers.engines.cpsat_engine`), warm-started (a hint)
+from the greedy schedule. With the default single worker the search is deterministic for a
+fixed ``seed``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from dataclasses import dataclass
-from typing import Any
-
-from ortools.sat.python import cp_model
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
+from chkpt_opt.solvers.flat import solve_flat
 from chkpt_opt.solvers.interval_program import IntervalProgram
-from chkpt_opt.solvers.interval_solve import (
-    DEFAULT_MAX_POSITIONS,
-    Outcome,
-    Prepared,
-    candidate_positions,
-    finish,
-    judged,
-    keep_all_result,
-    prepare,
-    record_lowest,
-    remaining_s,
-    warm_start,
-)
+from chkpt_opt.solvers.judge import Outcome
+from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.pruned import PrunedSolver
 from chkpt_opt.solvers.registry import register
-
-DEFAULT_FORMULATION = "linear"
-FORMULATIONS = ("linear", "cumulative")
-
-
-@dataclass
-class CpVariables:
-    """The variables of a CP-SAT model of an interval program."""
-
-    z: list[cp_model.IntVar]
-    x: list[cp_model.IntVar]
-    y: list[cp_model.IntVar]
-
-
-def build_cp_model(
-    program: IntervalProgram,
-    capacity: int | cp_model.IntVar,
-    *,
-    formulation: str = DEFAULT_FORMULATION,
-    model: cp_model.CpModel | None = None,
-) -> tuple[cp_model.CpModel, CpVariables]:
-    """The constraints of ``program`` with memory capacity ``capacity`` (byte units).
-
-    Args:
-        program: the interval program.
-        capacity: the budget in byte units, or a variable (to minimize the peak).
-        formulation: ``"linear"`` or ``"cumulative"`` (see the module docstring).
-        model: a model to add to (a new one by default).
-    """
-    if formulation not in FORMULATIONS:
-        raise ValueError(
-            f"formulation {formulation!r} is unknown; use one of {', '.join(FORMULATIONS)}."
-        )
-    m = model or cp_model.CpModel()
-    iv_model = program.model
-    n = iv_model.n_ops
-
-    # z[i]: op i lies outside every region.
-    z = [m.new_bool_var(f"z{i}") for i in range(n)]
-    # x[k]: candidate interval k is a region.
-    x = [m.new_bool_var(f"x{k}") for k in range(len(iv_model.intervals))]
-    # y[j]: lifetime y_keys[j][0] is held at least until its end y_keys[j][1].
-    y = [m.new_bool_var(f"y{lt}_{k}") for lt, k in program.y_keys]
-
-    for p in range(n + 1):
-        out = ([z[p]] if p < n else []) + [x[k] for k in program.starts[p]]
-        into = ([z[p - 1]] if p > 0 else []) + [x[k] for k in program.stops[p]]
-        if p == 0:
-            m.add_exactly_one(out)
-        elif p == n:
-            m.add_exactly_one(into)
-        else:
-            m.add(sum(out) == sum(into))
-    for row in program.holds:
-        rhs = [x[k] for k in row.x_ids] + ([z[row.node]] if row.node is not None else [])
-        if len(rhs) == 1:
-            m.add_implication(rhs[0], y[row.y_var])
-        else:
-            m.add(y[row.y_var] >= sum(rhs))
-    chains = program.chains
-    if formulation == "cumulative" and not chains:
-        chains = tuple(
-            (j - 1, j)
-            for j in range(1, len(program.y_keys))
-            if program.y_keys[j][0] == program.y_keys[j - 1][0]
-        )
-    for hi, lo in chains:
-        m.add_implication(y[lo], y[hi])
-
-    if formulation == "linear":
-        for row in program.memory_rows:
-            m.add(
-                row.const
-                + sum(c * x[k] for k, c in row.x_terms)
-                + sum(c * y[j] for j, c in row.y_terms)
-                <= capacity
-            )
-    else:
-        _add_cumulative(m, program, capacity, x, y)
-    if not isinstance(capacity, int):
-        m.add(capacity >= program.fixed_bytes // program.byte_unit)
-    elif program.fixed_bytes // program.byte_unit > capacity:
-        m.add_bool_or([])  # the schedule-independent bytes alone exceed the budget
-    return m, CpVariables(z, x, y)
-
-
-def _add_cumulative(
-    m: cp_model.CpModel,
-    program: IntervalProgram,
-    capacity: int | cp_model.IntVar,
-    x: list[cp_model.IntVar],
-    y: list[cp_model.IntVar],
-) -> None:
-    """Moccasin-style memory: every live range an interval, one cumulative constraint."""
-    model = program.model
-    unit = program.byte_unit
-    last = model.end_slot - 1
-    intervals: list[cp_model.IntervalVar] = []
-    demands: list[int] = []
-    for s, nbytes in enumerate(model.base_bytes):
-        if nbytes // unit:
-            intervals.append(m.new_fixed_size_interval_var(s, 1, f"base{s}"))
-            demands.append(nbytes // unit)
-    y_of = {key: j for j, key in enumerate(program.y_keys)}
-    for lt, life in enumerate(model.lifetimes):
-        lo = life.fixed_end
-        length = []
-        for k, end in enumerate(life.ends):
-            hi = min(end, last)
-            if hi > lo:
-                length.append((hi - lo) * y[y_of[lt, k]])
-            lo = max(lo, hi)
-        if not length or not life.size_bytes // unit:
-            continue
-        start = life.fixed_end + 1
-        size = m.new_int_var(0, last + 1 - start, f"len{lt}")
-        m.add(size == sum(length))
-        intervals.append(m.new_interval_var(start, size, size + start, f"life{lt}"))
-        demands.append(life.size_bytes // unit)
-    for k, iv in enumerate(model.intervals):
-        if iv.replay_slot is None:
-            continue
-        if iv.replay_peak_bytes // unit:
-            intervals.append(
-                m.new_optional_fixed_size_interval_var(iv.replay_slot, 1, x[k], f"replay{k}")
-            )
-            demands.append(iv.replay_peak_bytes // unit)
-        for end, nbytes in iv.held_after_replay:
-            length = min(end, last) - iv.replay_slot
-            if length > 0 and nbytes // unit:
-                intervals.append(
-                    m.new_optional_fixed_size_interval_var(
-                        iv.replay_slot + 1, length, x[k], f"held{k}_{end}"
-                    )
-                )
-                demands.append(nbytes // unit)
-    m.add_cumulative(intervals, demands, capacity)
-
-
-def make_solver(*, time_limit_s: float | None, seed: int, workers: int) -> cp_model.CpSolver:
-    """A CP-SAT solver with deterministic settings."""
-    solver = cp_model.CpSolver()
-    params = solver.parameters
-    params.random_seed = seed
-    params.num_workers = workers
-    if workers > 1:
-        params.interleave_search = True  # deterministic with several workers
-    if time_limit_s is not None:
-        params.max_time_in_seconds = max(0.01, time_limit_s)
-    return solver
-
-
-def hint(m: cp_model.CpModel, program: IntervalProgram, v: CpVariables, chosen: list[int]) -> None:
-    """Adds the exact variable values of ``chosen`` as a hint."""
-    z, x, y = program.values(chosen)
-    for var, value in zip(v.z + v.x + v.y, z + x + y):
-        m.add_hint(var, value)
-
-
-def solve_min_peak(
-    graph: CostGraph,
-    prepared: Prepared,
-    *,
-    time_limit_s: float | None,
-    seed: int = 0,
-    workers: int = 1,
-    formulation: str = DEFAULT_FORMULATION,
-) -> tuple[Schedule, MemoryProfile, int, bool]:
-    """The lowest-peak schedule of the model, and among those the cheapest.
-
-    Two solves: the smallest peak first, then the least recompute time at that peak.
-
-    Returns:
-        ``(schedule, profile, lower_bound_bytes, proven)``: the best schedule found, its
-        simulated profile, a proven lower bound on the peak of every schedule (over the whole
-        schedule model only when the model is complete; else the schedule-independent bytes),
-        and whether the schedule's peak is proven minimal.
-    """
-    start = time.perf_counter()
-    program = prepared.program
-    unit = program.byte_unit
-    m = cp_model.CpModel()
-    keep_all = simulate(graph, Schedule())
-    top = max(keep_all.peak_bytes, program.fixed_bytes) // unit + 1
-    peak = m.new_int_var(program.fixed_bytes // unit, top, "peak")
-    m, v = build_cp_model(program, peak, formulation=formulation, model=m)
-    m.minimize(peak)
-    solver = make_solver(time_limit_s=time_limit_s, seed=seed, workers=workers)
-    status = solver.solve(m)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Schedule(), keep_all, program.fixed_bytes, False
-    chosen = [k for k, var in enumerate(v.x) if solver.boolean_value(var)]
-    proven = status == cp_model.OPTIMAL and prepared.model.complete
-    lower = int(solver.best_objective_bound) * unit if prepared.model.complete else 0
-    best_units = int(solver.value(peak))
-
-    # Second solve: the cheapest schedule at that peak.
-    m2, v2 = build_cp_model(program, best_units, formulation=formulation)
-    m2.minimize(sum(c * x for c, x in zip(program.cost_units, v2.x)))
-    hint(m2, program, v2, chosen)
-    solver2 = make_solver(time_limit_s=remaining_s(time_limit_s, start), seed=seed, workers=workers)
-    if solver2.solve(m2) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        chosen = [k for k, var in enumerate(v2.x) if solver2.boolean_value(var)]
-    schedule, profile = judged(graph, prepared.model, chosen)
-    if proven:
-        lower = profile.peak_bytes
-    return schedule, profile, max(lower, program.fixed_bytes), proven
-
-
-def solve_cp(
-    prepared: Prepared,
-    budget_bytes: int,
-    *,
-    formulation: str = DEFAULT_FORMULATION,
-    seed: int = 0,
-    workers: int = 1,
-    hint_ids: list[int] | None = None,
-    time_limit_s: float | None = None,
-    linearization_level: int | None = None,
-) -> Outcome:
-    """Solves the program of ``prepared`` with CP-SAT under ``budget_bytes``.
-
-    Args:
-        prepared: the interval model and its program.
-        budget_bytes: the budget.
-        formulation: ``"linear"`` or ``"cumulative"``.
-        seed: CP-SAT's random seed.
-        workers: CP-SAT search workers.
-        hint_ids: interval ids of a known schedule, given as a hint.
-        time_limit_s: CP-SAT's time limit.
-        linearization_level: CP-SAT's ``linearization_level`` (None: its default). At 2 its
-            LP relaxation proves the small pruned programs of
-            :mod:`~chkpt_opt.solvers.pruning` (measured: a 637-interval program of
-            gpt_reference at 0.9 of the peak proven in 0.1 s, 7.4 s at the default).
-    """
-    program = prepared.program
-    m, v = build_cp_model(program, program.budget_units(budget_bytes), formulation=formulation)
-    m.minimize(sum(c * x for c, x in zip(program.cost_units, v.x)))
-    if hint_ids is not None:
-        hint(m, program, v, hint_ids)
-    solver = make_solver(time_limit_s=time_limit_s, seed=seed, workers=workers)
-    if linearization_level is not None:
-        solver.parameters.linearization_level = linearization_level
-    status = solver.solve(m)
-    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    stats: dict[str, Any] = {
-        "cp_status": solver.status_name(status),
-        "formulation": formulation,
-        "cp_wall_s": solver.wall_time,
-        "cost_scale": program.cost_scale,
-    }
-    return Outcome(
-        chosen=[k for k, x in enumerate(v.x) if solver.boolean_value(x)] if found else None,
-        proven_optimal=status == cp_model.OPTIMAL,
-        proven_infeasible=status == cp_model.INFEASIBLE,
-        bound_units=solver.best_objective_bound if found else None,
-        stats=stats,
-    )
 
 
 @register("cpsat", "CP-SAT over the interval model: optimal keep-set schedule, proven bound")
@@ -323,8 +35,8 @@ class CpSatSolver:
             the status is never ``optimal``); None: always every cut.
         warm_start: hint the greedy schedule.
         prune: on graphs with more than ``max_positions`` allowed cuts, solve over every cut
-            after exact pruning (:class:`~chkpt_opt.solvers.pruning.PrunedSolver` with CP-SAT
-            as its engine) instead of over a subset of cuts.
+            after exact pruning (:class:`~chkpt_opt.solvers.pruned.PrunedSolver` with CP-SAT
+            as its engine and these settings) instead of over a subset of cuts.
     """
 
     formulation: str = DEFAULT_FORMULATION
@@ -338,53 +50,33 @@ class CpSatSolver:
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
-        start = time.perf_counter()
-        trivial = keep_all_result(graph, budget_bytes, solver=self.name, start=start)
-        if trivial is not None:
-            return trivial
-        if self.prune and candidate_positions(graph, max_positions=self.max_positions):
-            from chkpt_opt.solvers.pruning import solve_pruned_as  # it builds on this module
+        settings = {"seed": self.seed, "workers": self.workers, "formulation": self.formulation}
+        pruned = PrunedSolver(backend="cpsat", warm_start=self.warm_start, **settings)
+        return solve_flat(
+            self.name,
+            graph,
+            budget_bytes,
+            deadline=Deadline.after(time_limit_s),
+            engine=self._engine,
+            max_positions=self.max_positions,
+            pruned=pruned if self.prune else None,
+            warm_start_hint=self.warm_start,
+            lowest_settings=settings,
+        )
 
-            return solve_pruned_as(
-                self.name,
-                graph,
-                budget_bytes,
-                backend="cpsat",
-                seed=self.seed,
-                time_limit_s=time_limit_s,
-                start=start,
-            )
-        prepared = prepare(graph, max_positions=self.max_positions)
-        fallback, hint_ids = warm_start(graph, budget_bytes, prepared.model, time_limit_s=None)
-        outcome = solve_cp(
-            prepared,
+    def _engine(
+        self,
+        program: IntervalProgram,
+        budget_bytes: int,
+        hint_ids: list[int] | None,
+        deadline: Deadline,
+    ) -> Outcome:
+        return solve_cp(
+            program,
             budget_bytes,
             formulation=self.formulation,
             seed=self.seed,
             workers=self.workers,
-            hint_ids=hint_ids if self.warm_start else None,
-            time_limit_s=remaining_s(time_limit_s, start),
-        )
-        stats = dict(outcome.stats)
-        lowest = None
-        if outcome.proven_infeasible:
-            schedule, profile, lower, proven = solve_min_peak(
-                graph,
-                prepared,
-                time_limit_s=remaining_s(time_limit_s, start),
-                seed=self.seed,
-                workers=self.workers,
-                formulation=self.formulation,
-            )
-            lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
-            outcome = dataclasses.replace(outcome, stats=stats)
-        return finish(
-            graph,
-            budget_bytes,
-            prepared,
-            outcome,
-            solver=self.name,
-            start=start,
-            fallback=fallback,
-            lowest=lowest,
+            hint_ids=hint_ids,
+            deadline=deadline,
         )

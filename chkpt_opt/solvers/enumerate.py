@@ -11,7 +11,6 @@ schedules grows like 2.6**n, so this is for graphs of up to about 12-14 ops.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
+from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
 
 Spans = tuple[tuple[int, int], ...]
@@ -75,10 +75,10 @@ def evaluate_all(
         ``(evaluated, complete)``: the schedules in enumeration order, and False when the time
         limit stopped the enumeration early.
     """
-    start = time.perf_counter()
+    deadline = Deadline.after(time_limit_s)
     out: list[Evaluated] = []
     for k, spans in enumerate(all_spans(graph)):
-        if time_limit_s is not None and k % 256 == 0 and time.perf_counter() - start > time_limit_s:
+        if k % 256 == 0 and deadline.expired():
             return out, False
         profile = simulate(graph, Schedule.from_spans(graph, list(spans)), check=False)
         out.append(Evaluated(spans, profile.peak_bytes, profile.recompute_s))
@@ -117,7 +117,7 @@ class EnumerateSolver:
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
-        start = time.perf_counter()
+        deadline = Deadline.after(time_limit_s)
         count = count_schedules(graph)
         if count > self.max_schedules:
             raise SolverError(
@@ -139,9 +139,10 @@ class EnumerateSolver:
             profile,
             budget_bytes=budget_bytes,
             solver=self.name,
-            solve_s=time.perf_counter() - start,
+            solve_s=deadline.elapsed_s(),
             bound=profile.recompute_s if complete and best else None,
             proven_optimal=complete,
+            proven_infeasible=complete,
             stats=stats,
         )
         if not complete and not result.feasible:

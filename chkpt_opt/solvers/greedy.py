@@ -10,13 +10,13 @@ cheapest one that fits the budget, or the lowest-peak one when none does.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.segments import candidate_cuts, spans_between
 
@@ -49,7 +49,7 @@ class GreedySolver:
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
-        start = time.perf_counter()
+        deadline = Deadline.after(time_limit_s)
         order = ordered_nodes(graph)
         n = len(order)
         sizes = [graph.nodes[v]["saved_bytes"] + graph.nodes[v]["output_bytes"] for v in order]
@@ -78,7 +78,7 @@ class GreedySolver:
                 lkey = (profile.peak_bytes, profile.recompute_s)
                 if lowest is None or lkey < lowest[:2]:
                     lowest = (*lkey, schedule, profile)
-            if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+            if deadline.expired():
                 timed_out = True
                 break
         keep_all = Schedule()
@@ -91,7 +91,7 @@ class GreedySolver:
             chosen[3],
             budget_bytes=budget_bytes,
             solver=self.name,
-            solve_s=time.perf_counter() - start,
+            solve_s=deadline.elapsed_s(),
             bound=0.0 if chosen[3].recompute_s == 0 else None,
             stats={
                 "segmentations": len(tried),

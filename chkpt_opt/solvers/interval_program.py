@@ -21,19 +21,65 @@ Constraints:
 The objective is ``sum cost_units[k] * x[k]`` with the recompute time of interval ``k`` in
 units of ``1 / cost_scale`` seconds, rounded to integers (``cost_scale`` is a power of ten
 that keeps the largest possible objective under 2**40, so the rounding is below 1e-12 of
-the whole forward time). Byte counts are divided by their greatest common divisor
-``byte_unit`` (exact: every count is a multiple of it, and the budget is rounded down).
+the whole forward time; :func:`cost_scale`). The float engines (MILP, LP) state the same
+objective in seconds times :attr:`IntervalProgram.float_scale` (the whole forward time is
+:data:`FLOAT_OBJECTIVE_UNITS`, which keeps their tolerances meaningful), and the hierarchical
+solver's block programs in integer units of :func:`block_cost_scale` (the whole forward time
+is :data:`BLOCK_OBJECTIVE_UNITS`). The three are defined here only; giving the block programs
+:func:`cost_scale` as well was tried and changes which of equally cheap schedules they return
+(gpt_small at 0.9 of its peak: same recompute time, other regions), so it waits for a change
+that may move schedules. Byte counts are
+divided by their greatest common divisor ``byte_unit`` (exact: every count is a multiple of
+it, and the budget is rounded down).
+
+Every engine holds the program's variables in one :class:`ProgramVariables`.
 """
 
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-from chkpt_opt.solvers.interval_model import BuildTimeout, Interval, IntervalModel
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
+from chkpt_opt.solvers.interval_model import Interval, IntervalModel
 
 MAX_OBJECTIVE_UNITS = 2**40
+FLOAT_OBJECTIVE_UNITS = 1e6
+BLOCK_OBJECTIVE_UNITS = 1e12
+
+V = TypeVar("V")
+
+
+def cost_scale(total_fwd_s: float) -> float:
+    """Integer objective units per second of recompute: a power of ten that keeps the
+    largest possible objective (``total_fwd_s``) under :data:`MAX_OBJECTIVE_UNITS`."""
+    if total_fwd_s <= 0:
+        return 1.0
+    return 10.0 ** math.floor(math.log10(MAX_OBJECTIVE_UNITS / total_fwd_s))
+
+
+def block_cost_scale(total_fwd_s: float) -> float:
+    """Integer objective units per second in a block program (before rounding): the whole
+    forward time is :data:`BLOCK_OBJECTIVE_UNITS`."""
+    return BLOCK_OBJECTIVE_UNITS / total_fwd_s if total_fwd_s > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class ProgramVariables(Generic[V]):
+    """The variables of an interval program in one engine's model (see the module docstring).
+
+    Attributes:
+        z: by op index: the op lies outside every region.
+        x: by interval id: the interval is a region.
+        y: by y variable (or ``(lifetime, end index)`` in a block program): the lifetime is
+            held at least until that end.
+    """
+
+    z: Sequence[V] | Mapping[int, V]
+    x: Sequence[V] | Mapping[int, V]
+    y: Sequence[V] | Mapping[Any, V]
 
 
 @dataclass(frozen=True)
@@ -92,6 +138,13 @@ class IntervalProgram:
     starts: tuple[tuple[int, ...], ...]
     stops: tuple[tuple[int, ...], ...]
 
+    @property
+    def float_scale(self) -> float:
+        """Objective units per second for the float engines: the whole forward time is
+        :data:`FLOAT_OBJECTIVE_UNITS`."""
+        total = self.model.total_fwd_s
+        return FLOAT_OBJECTIVE_UNITS / total if total > 0 else 1.0
+
     def budget_units(self, budget_bytes: int) -> int:
         """The budget in byte units, rounded down."""
         return budget_bytes // self.byte_unit
@@ -111,12 +164,12 @@ class IntervalProgram:
 
 
 def build_program(
-    model: IntervalModel, *, tight: bool = True, deadline: float | None = None
+    model: IntervalModel, *, tight: bool = True, deadline: Deadline = NO_DEADLINE
 ) -> IntervalProgram:
     """The integer program of ``model`` (see the module docstring).
 
     Raises:
-        BuildTimeout: once ``time.perf_counter()`` passes ``deadline`` (None: no limit).
+        DeadlineExceeded: once ``deadline`` has expired.
     """
     intervals = model.intervals
     unit = 0
@@ -130,10 +183,7 @@ def build_program(
             unit = math.gcd(unit, nbytes)
     unit = max(unit, 1)
 
-    total_s = model.total_fwd_s
-    scale = 1.0
-    if total_s > 0:
-        scale = 10.0 ** math.floor(math.log10(MAX_OBJECTIVE_UNITS / total_s))
+    scale = cost_scale(model.total_fwd_s)
     cost_units = tuple(round(iv.cost_s * scale) for iv in intervals)
 
     y_keys: list[tuple[int, int]] = []
@@ -168,15 +218,15 @@ def build_program(
             for s in range(lo + 1, min(end, last) + 1):
                 y_terms[s].append((y_of[lt, k], life.size_bytes // unit))
             lo = end
-    check_deadline(deadline, "the memory rows")
+    deadline.check(_ROWS)
     for k, iv in enumerate(intervals):
         if k % 1024 == 0:
-            check_deadline(deadline, "the memory rows")
+            deadline.check(_ROWS)
         for s, coef in _interval_profile(iv, last):
             x_terms[s].append((k, coef // unit))
     merged: dict[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]], list[int]] = {}
     fixed = 0
-    check_deadline(deadline, "the memory rows")
+    deadline.check(_ROWS)
     for s in range(model.n_slots):
         fixed = max(fixed, consts[s])
         xs = _combine(x_terms[s])
@@ -209,10 +259,7 @@ def build_program(
     )
 
 
-def check_deadline(deadline: float | None, what: str) -> None:
-    """Raises BuildTimeout once ``time.perf_counter()`` has passed ``deadline``."""
-    if deadline is not None and time.perf_counter() > deadline:
-        raise BuildTimeout(f"building {what} of the interval program ran out of time.")
+_ROWS = "building the memory rows of the interval program"
 
 
 def _interval_profile(iv: Interval, last: int) -> list[tuple[int, int]]:

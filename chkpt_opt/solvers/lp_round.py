@@ -23,34 +23,19 @@ else the lowest-peak one.
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 from typing import Any
-
-from ortools.linear_solver import pywraplp
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.engines.lp_engine import INFEASIBLE, OPTIMAL, LpRelaxation, lp_bound_s
 from chkpt_opt.solvers.interval_model import IntervalModel
-from chkpt_opt.solvers.interval_solve import (
-    DEFAULT_MAX_POSITIONS,
-    keep_all_result,
-    prepare,
-    warm_start,
-)
-from chkpt_opt.solvers.milp import build_milp, objective_scale
+from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS, keep_all_result, prepare
 from chkpt_opt.solvers.registry import register
-
-LP_TOLERANCE = 1e-7
-"""Relative allowance for GLOP's tolerances when its optimum is reported as a bound."""
-
-
-def lp_bound_s(lp_value_s: float, model: IntervalModel) -> float:
-    """A proven lower bound from an LP optimum of ``lp_value_s`` seconds (the LP solver's
-    tolerance taken off, relative and on the scale of the whole forward time)."""
-    return max(0.0, lp_value_s * (1 - LP_TOLERANCE) - LP_TOLERANCE * model.total_fwd_s)
+from chkpt_opt.solvers.warm_start import warm_start
 
 
 def threshold_rounds(model: IntervalModel, x: list[float]) -> list[tuple[int, ...]]:
@@ -149,30 +134,24 @@ def repair(
     return tuple(sorted(current))
 
 
-def dive(
-    lp: pywraplp.Solver,
-    x_vars: list[pywraplp.Variable],
-    *,
-    deadline: float | None,
-    max_rounds: int = 64,
-) -> tuple[int, ...] | None:
+def dive(lp: LpRelaxation, *, deadline: Deadline, max_rounds: int = 64) -> tuple[int, ...] | None:
     """Fixes the largest fractional region to 1 (else 0) and re-solves until the LP is integral.
 
     Returns the intervals of the integral solution, or None if the dive fails (LP
     infeasible, rounds or time exhausted). The LP is modified in place.
     """
     for _ in range(max_rounds):
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline.expired():
             return None
-        x = [var.solution_value() for var in x_vars]
+        x = lp.x()
         fractional = [k for k, value in enumerate(x) if 1e-6 < value < 1 - 1e-6]
         if not fractional:
             return tuple(k for k, value in enumerate(x) if value > 0.5)
         k = max(fractional, key=lambda kk: (x[kk], -kk))
-        x_vars[k].SetBounds(1.0, 1.0)
-        if lp.Solve() != pywraplp.Solver.OPTIMAL:
-            x_vars[k].SetBounds(0.0, 0.0)  # one step of backtracking: forbid it instead
-            if lp.Solve() != pywraplp.Solver.OPTIMAL:
+        lp.fix(k, 1.0)
+        if lp.solve() != OPTIMAL:
+            lp.fix(k, 0.0)  # one step of backtracking: forbid it instead
+            if lp.solve() != OPTIMAL:
                 return None
     return None
 
@@ -198,20 +177,17 @@ class LpRoundSolver:
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
-        start = time.perf_counter()
-        trivial = keep_all_result(graph, budget_bytes, solver=self.name, start=start)
+        deadline = Deadline.after(time_limit_s)
+        trivial = keep_all_result(graph, budget_bytes, solver=self.name, deadline=deadline)
         if trivial is not None:
             return trivial
         prepared = prepare(graph, max_positions=self.max_positions)
         model, program = prepared.model, prepared.program
         fallback, _ = warm_start(graph, budget_bytes, model, time_limit_s=time_limit_s)
 
-        lp, v = build_milp(program, program.budget_units(budget_bytes), relax=True)
-        lp.SuppressOutput()
-        if time_limit_s is not None:
-            left_s = max(0.0, time_limit_s - (time.perf_counter() - start))
-            lp.SetTimeLimit(max(1, int(left_s * 1000)))
-        status = lp.Solve()
+        lp = LpRelaxation.build(program, budget_bytes)
+        lp.limit_time(deadline)
+        status = lp.solve()
         stats: dict[str, Any] = {
             "candidate_positions": len(model.positions),
             "complete_model": model.complete,
@@ -220,24 +196,22 @@ class LpRoundSolver:
             "lp_status": status,
         }
         bound = None
-        proven_infeasible = status == pywraplp.Solver.INFEASIBLE and model.complete
+        proven_infeasible = status == INFEASIBLE and model.complete
         candidates: list[tuple[int, ...]] = []
-        if status == pywraplp.Solver.OPTIMAL:
-            scale = objective_scale(model)
-            lp_value = lp.Objective().Value() / scale
+        if status == OPTIMAL:
+            lp_value = lp.value_s()
             stats["lp_bound_s"] = lp_value
             if model.complete:
                 bound = lp_bound_s(lp_value, model)
-            z = [var.solution_value() for var in v.z]
-            x = [var.solution_value() for var in v.x]
+            z = lp.z()
+            x = lp.x()
             candidates = threshold_rounds(model, x) + path_rounds(
                 model, z, x, program.starts, n_samples=self.n_samples, seed=self.seed
             )
             candidates = list(dict.fromkeys(candidates))
             peaks = {c: model.peak_bytes(c) for c in candidates}
             if not any(p <= budget_bytes for p in peaks.values()):
-                deadline = None if time_limit_s is None else start + time_limit_s
-                dived = dive(lp, v.x, deadline=deadline)
+                dived = dive(lp, deadline=deadline)
                 stats["dive"] = dived is not None
                 moves = [k for k, value in enumerate(x) if value > 1e-6]
                 worst = sorted(candidates, key=lambda c: (peaks[c], model.cost_s(c)))
@@ -252,7 +226,7 @@ class LpRoundSolver:
         judged = 0
         schedules = [model.schedule(graph, c) for c in dict.fromkeys(candidates)]
         for schedule in [*schedules, fallback.schedule]:
-            if time_limit_s is not None and judged and time.perf_counter() - start > time_limit_s:
+            if judged and deadline.expired():
                 break
             profile = simulate(graph, schedule, check=False)
             judged += 1
@@ -280,7 +254,7 @@ class LpRoundSolver:
             profile,
             budget_bytes=budget_bytes,
             solver=self.name,
-            solve_s=time.perf_counter() - start,
+            solve_s=deadline.elapsed_s(),
             bound=bound,
             stats=stats,
         )

@@ -82,7 +82,7 @@ _BUILTIN = (
     "lp_round",
     "hierarchical",
     "dp_chain",
-    "pruning",
+    "pruned",
 )
 _UNAVAILABLE: dict[str, str] = {}
 

@@ -1,4 +1,4 @@
-"""Lowers a schedule to the op sequence that a training step really executes.
+"""The op sequence a training step really executes under a schedule (``lower``).
 
 The sequence is what the simulator reads: forward ops in order, then the backward pass in
 reverse order, with each recompute region replayed just before the first backward op that
@@ -44,7 +44,7 @@ from chkpt_opt.schedule import Schedule
 
 @dataclass(frozen=True)
 class Step:
-    """One step of the lowered op sequence.
+    """One step of the op sequence.
 
     Attributes:
         kind: ``"fwd"``, ``"recompute"``, ``"bwd_start"`` (output gradients appear), ``"bwd"``,

@@ -1,134 +1,24 @@
-"""What the solvers over the interval model share: the candidate cut positions, the warm start
-from the greedy heuristic, and an honest result judged by the simulator.
-
-Every schedule an integer program returns is simulated; its simulated peak and recompute
-time must equal what the interval model predicts, else the model has a bug and
-:class:`~chkpt_opt.errors.SolverError` is raised (never papered over).
+"""Judging an engine's outcome: every schedule an integer program returns is simulated; its
+simulated peak and recompute time must equal what the interval model predicts, else the
+model has a bug and :class:`~chkpt_opt.errors.SolverError` is raised (never papered over).
+:func:`finish` turns the outcome into an honest :class:`~chkpt_opt.solvers.base.SolveResult`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chkpt_opt.errors import ScheduleError, SolverError
+from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule, cut_positions
+from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
-from chkpt_opt.solvers.greedy import GreedySolver
-from chkpt_opt.solvers.interval_model import IntervalModel, build_interval_model
-from chkpt_opt.solvers.interval_program import IntervalProgram, build_program
-from chkpt_opt.solvers.segments import candidate_cuts
-
-log = logging.getLogger(__name__)
-
-DEFAULT_MAX_POSITIONS = 96
-"""Graphs with more allowed cut positions than this are solved over every cut after exact
-pruning (:mod:`chkpt_opt.solvers.pruning`; ``cpsat`` and ``milp`` with ``prune=True``, the
-default), or over a candidate subset of cuts (``lp_round``, and ``prune=False``)."""
-
-
-def candidate_positions(graph: CostGraph, *, max_positions: int | None) -> list[int] | None:
-    """The cut positions regions may start and stop at.
-
-    Returns None (every allowed cut: the exact model) when the graph has at most
-    ``max_positions`` interior allowed cuts or ``max_positions`` is None; otherwise the
-    low-crossing cuts of :func:`~chkpt_opt.solvers.segments.candidate_cuts`, thinned evenly
-    to ``max_positions`` (the model is then exact only over schedules with boundaries there).
-    """
-    ok = cut_positions(graph)
-    n = len(ok) - 1
-    interior = [p for p in range(1, n) if ok[p]]
-    if max_positions is None or len(interior) <= max_positions:
-        return None
-    chosen = candidate_cuts(graph)
-    if len(chosen) > max_positions:
-        step = len(chosen) / max_positions
-        chosen = sorted({chosen[int(k * step)] for k in range(max_positions)})
-    return [0, *chosen, n]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """An interval model with its integer program.
-
-    Attributes:
-        model: the interval model.
-        program: its integer program.
-        build_s: seconds spent building both.
-    """
-
-    model: IntervalModel
-    program: IntervalProgram
-    build_s: float
-
-
-MAX_FLAT_OPS = 800
-"""Largest graph the flat model is built for: its size grows with ops x candidate intervals;
-over every cut the 586-op gpt_large has 515 cut positions, up to 132,000 intervals; a
-1,162-op decoder exhausted 24 GiB. Larger graphs go to the hierarchical solver (``auto``
-does this)."""
-
-
-def check_flat_size(graph: CostGraph) -> None:
-    """Refuses graphs of more than :data:`MAX_FLAT_OPS` ops (SolverError, naming the fix)."""
-    if graph.number_of_nodes() > MAX_FLAT_OPS:
-        raise SolverError(
-            f"graph {graph.graph.get('name', '')!r} has {graph.number_of_nodes()} ops; the flat "
-            f"integer program is built for at most {MAX_FLAT_OPS}. Use solver='hierarchical' "
-            "(repeated blocks) or 'auto', which picks it."
-        )
-
-
-def prepare(
-    graph: CostGraph, *, max_positions: int | None = DEFAULT_MAX_POSITIONS, tight: bool = True
-) -> Prepared:
-    """Builds the interval model and program of ``graph`` (see :func:`candidate_positions`).
-
-    Raises:
-        SolverError: for graphs of more than :data:`MAX_FLAT_OPS` ops.
-    """
-    check_flat_size(graph)
-    start = time.perf_counter()
-    positions = candidate_positions(graph, max_positions=max_positions)
-    model = build_interval_model(graph, positions=positions)
-    program = build_program(model, tight=tight)
-    return Prepared(model, program, time.perf_counter() - start)
-
-
-def keep_all_result(
-    graph: CostGraph, budget_bytes: int, *, solver: str, start: float
-) -> SolveResult | None:
-    """The keep-all schedule when it fits (optimal: it recomputes nothing), else None."""
-    profile = simulate(graph, Schedule())
-    if profile.peak_bytes > budget_bytes:
-        return None
-    return result_from_profile(
-        Schedule(),
-        profile,
-        budget_bytes=budget_bytes,
-        solver=solver,
-        solve_s=time.perf_counter() - start,
-        bound=0.0,
-        proven_optimal=True,
-        stats={"trivial": "keep_all fits"},
-    )
-
-
-def warm_start(
-    graph: CostGraph, budget_bytes: int, model: IntervalModel, *, time_limit_s: float | None
-) -> tuple[SolveResult, list[int] | None]:
-    """The greedy heuristic's result, and its regions as interval ids when the model has them."""
-    result = GreedySolver()(graph, budget_bytes, time_limit_s=time_limit_s)
-    try:
-        return result, model.interval_ids(result.schedule.spans(graph))
-    except ScheduleError:
-        return result, None
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.interval_model import IntervalModel
+from chkpt_opt.solvers.prepare import Prepared
 
 
 @dataclass(frozen=True)
@@ -197,7 +87,7 @@ def finish(
     outcome: Outcome,
     *,
     solver: str,
-    start: float,
+    deadline: Deadline,
     fallback: SolveResult,
     lowest: tuple[Schedule, MemoryProfile] | None = None,
 ) -> SolveResult:
@@ -209,7 +99,7 @@ def finish(
         prepared: the model and program solved.
         outcome: what the solver reported.
         solver: the solver's name.
-        start: ``time.perf_counter()`` when the solve began.
+        deadline: the solve's deadline (its start times the result).
         fallback: the heuristic result (returned when it beats the solver's, e.g. on a
             time-out). When the model left out intervals by cost (``max_cost_s``), the
             solver's bound and proof hold for the whole schedule model only if ``fallback``
@@ -239,7 +129,7 @@ def finish(
         slack = 0.5 * model.n_ops / program.cost_scale
         bound = max(0.0, outcome.bound_units / program.cost_scale - slack)
     proven = exact and outcome.proven_optimal
-    elapsed = time.perf_counter() - start
+    elapsed = deadline.elapsed_s()
     if outcome.chosen is not None:
         schedule, profile = judged(graph, model, outcome.chosen)
         if (
@@ -257,7 +147,7 @@ def finish(
             profile,
             budget_bytes=budget_bytes,
             solver=solver,
-            solve_s=time.perf_counter() - start,
+            solve_s=deadline.elapsed_s(),
             bound=bound,
             proven_optimal=proven,
             stats=stats,
@@ -271,12 +161,16 @@ def finish(
             budget_bytes=budget_bytes,
             solver=solver,
             solve_s=elapsed,
+            # The lowest peak was searched for over the whole schedule model.
+            proven_infeasible=lowest is not None and model.complete,
             stats=stats,
         )
         if result.feasible:  # the heuristic's lowest-peak schedule fits after all
             return result
         if not (outcome.proven_infeasible and exact):
-            return dataclasses.replace(result, status=SolveStatus.TIMED_OUT)
+            return dataclasses.replace(
+                result, status=SolveStatus.TIMED_OUT, proves_infeasible=False
+            )
         return result
     stats["chosen_from"] = fallback.solver
     return result_from_profile(
@@ -284,14 +178,7 @@ def finish(
         simulate(graph, fallback.schedule),
         budget_bytes=budget_bytes,
         solver=solver,
-        solve_s=time.perf_counter() - start,
+        solve_s=deadline.elapsed_s(),
         bound=bound,
         stats=stats,
     )
-
-
-def remaining_s(time_limit_s: float | None, start: float) -> float | None:
-    """Seconds left of ``time_limit_s`` since ``start`` (``perf_counter``); None: no limit."""
-    if time_limit_s is None:
-        return None
-    return max(0.0, time_limit_s - (time.perf_counter() - start))

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers.cpsat import solve_min_peak
-from chkpt_opt.solvers.interval_solve import prepare
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.lowest_peak import lowest_peak
+from chkpt_opt.solvers.prepare import prepare
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ def min_feasible_budget(
     """
     start = time.perf_counter()
     prepared = prepare(graph, max_positions=max_positions)
-    schedule, profile, lower, proven = solve_min_peak(graph, prepared, time_limit_s=time_limit_s)
+    schedule, profile, lower, proven = lowest_peak(
+        graph, prepared, deadline=Deadline.after(time_limit_s)
+    )
     return FeasibleBudget(
         peak_bytes=profile.peak_bytes,
         proven=proven,

@@ -1,0 +1,83 @@
+"""What the flat front-ends (``cpsat``, ``milp``) share: from a graph to a judged result.
+
+Keep-all when it fits; above ``max_positions`` allowed cuts, the pruned every-cut solver
+with the caller's engine settings; otherwise the interval program over every cut (or a
+candidate subset), the greedy warm start, the engine, the lowest-peak search when the
+engine proves the budget infeasible, and the simulator's judgement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.solvers.base import SolveResult
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.interval_program import IntervalProgram
+from chkpt_opt.solvers.judge import Outcome, finish, record_lowest
+from chkpt_opt.solvers.lowest_peak import lowest_peak
+from chkpt_opt.solvers.prepare import candidate_positions, keep_all_result, prepare
+from chkpt_opt.solvers.pruned import PrunedSolver
+from chkpt_opt.solvers.warm_start import warm_start
+
+Engine = Callable[[IntervalProgram, int, "list[int] | None", Deadline], Outcome]
+"""``engine(program, budget_bytes, hint_ids, deadline)``: one engine with its settings."""
+
+
+def solve_flat(
+    name: str,
+    graph: CostGraph,
+    budget_bytes: int,
+    *,
+    deadline: Deadline,
+    engine: Engine,
+    max_positions: int | None,
+    pruned: PrunedSolver | None,
+    warm_start_hint: bool,
+    lowest_settings: Mapping[str, Any],
+) -> SolveResult:
+    """Solves ``graph`` under ``budget_bytes`` with ``engine`` (see the module docstring).
+
+    Args:
+        name: the front-end's name (the result's ``solver``).
+        graph: the cost graph.
+        budget_bytes: the budget.
+        deadline: the solve's deadline.
+        engine: the engine, settings bound.
+        max_positions: see :func:`~chkpt_opt.solvers.prepare.candidate_positions`.
+        pruned: the pruned solver for graphs above ``max_positions`` (None: solve over a
+            candidate subset of cuts instead).
+        warm_start_hint: give the engine the greedy schedule as a hint.
+        lowest_settings: CP-SAT settings of the lowest-peak search (seed, workers,
+            formulation).
+    """
+    trivial = keep_all_result(graph, budget_bytes, solver=name, deadline=deadline)
+    if trivial is not None:
+        return trivial
+    if pruned is not None and candidate_positions(graph, max_positions=max_positions):
+        return pruned.solve_as(name, graph, budget_bytes, deadline)
+    prepared = prepare(graph, max_positions=max_positions)
+    fallback, hint_ids = warm_start(graph, budget_bytes, prepared.model, time_limit_s=None)
+    outcome = engine(
+        prepared.program, budget_bytes, hint_ids if warm_start_hint else None, deadline
+    )
+    lowest = None
+    if outcome.proven_infeasible:
+        stats = dict(outcome.stats)
+        schedule, profile, lower, proven = lowest_peak(
+            graph, prepared, deadline=deadline, **lowest_settings
+        )
+        lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
+        outcome = dataclasses.replace(outcome, stats=stats)
+    return finish(
+        graph,
+        budget_bytes,
+        prepared,
+        outcome,
+        solver=name,
+        deadline=deadline,
+        fallback=fallback,
+        lowest=lowest,
+    )
