@@ -18,6 +18,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from chkpt_opt.solvers.blocks import Segment, evaluate
+from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval_model import IntervalModel
 from chkpt_opt.solvers.interval_program import ProgramVariables, block_cost_scale
 
@@ -123,9 +124,16 @@ class BlockProgram:
         }
 
     def solve(
-        self, *, peak_cap: int | None, kept_cap: int | None, minimize: str, seed: int
+        self,
+        *,
+        peak_cap: int | None,
+        kept_cap: int | None,
+        minimize: str,
+        seed: int,
+        time_limit_s: float | None = None,
     ) -> list[int] | None:
-        """The chosen intervals of an optimal solution under the caps, or None."""
+        """The chosen intervals of an optimal solution under the caps, or None (also when
+        no optimum is proven within ``time_limit_s``)."""
         m = self.m.clone()
         if peak_cap is not None:
             m.add(self.objectives["peak"] <= peak_cap)
@@ -135,6 +143,8 @@ class BlockProgram:
         solver = cp_model.CpSolver()
         solver.parameters.random_seed = seed
         solver.parameters.num_workers = 1
+        if time_limit_s is not None:
+            solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
         if solver.solve(m) != cp_model.OPTIMAL:
             return None
         return sorted(k for k, var in self.v.x.items() if solver.boolean_value(var))
@@ -143,8 +153,11 @@ class BlockProgram:
 class OptionPool:
     """The options found so far for one distinct segment, and the sweeps that find more."""
 
-    def __init__(self, model: IntervalModel, seg: Segment, *, seed: int) -> None:
+    def __init__(
+        self, model: IntervalModel, seg: Segment, *, seed: int, deadline: Deadline | None = None
+    ) -> None:
         self.model, self.seg, self.seed = model, seg, seed
+        self.deadline = deadline
         self.program = BlockProgram(model, seg)
         self.found: dict[Spans, None] = {(): None}
         self.swept: set[int] = set()
@@ -157,8 +170,12 @@ class OptionPool:
             self._add(lowest)
 
     def _solve(self, **kwargs: Any) -> list[int] | None:
+        """One block solve; none once the deadline has passed (the pool keeps what it has)."""
+        remaining = None if self.deadline is None else self.deadline.remaining_s()
+        if remaining is not None and remaining <= 0:
+            return None
         self.solves += 1
-        return self.program.solve(seed=self.seed, **kwargs)
+        return self.program.solve(seed=self.seed, time_limit_s=remaining, **kwargs)
 
     def _add(self, chosen: Sequence[int]) -> None:
         intervals = self.model.intervals

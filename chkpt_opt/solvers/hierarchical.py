@@ -195,7 +195,7 @@ class HierarchicalSolver:
         pools: dict[int, OptionPool] = {}
         for seg, kind in zip(segments, blocks.kinds):
             if kind not in pools:
-                pools[kind] = OptionPool(model, seg, seed=self.seed)
+                pools[kind] = OptionPool(model, seg, seed=self.seed, deadline=deadline)
                 pools[kind].sweep_levels(self.peak_levels, n_kept=self.n_kept)
 
         def tables() -> list[list[Option]]:
