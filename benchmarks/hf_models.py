@@ -3,6 +3,7 @@
 Run:
     python benchmarks/hf_models.py                      # every model, every peer
     python benchmarks/hf_models.py --models llama bert --skip-compile
+    python benchmarks/hf_models.py --compile-models llama   # compiled peers on Llama only
 
 Models: Hugging Face families built from configs with random weights (Llama, GPT-2, BERT,
 T5, ViT, Mixtral; :mod:`chkpt_opt.zoo.huggingface`, 6 layers of width 256, batch 4 x 256
@@ -346,6 +347,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument(
+        "--compile-models",
+        nargs="+",
+        choices=list(MODELS),
+        help="measure the torch.compile peers on these models only (default: every model)",
+    )
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per solve")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("-o", "--output", type=Path, default=Path("benchmarks/results/hf_models"))
@@ -354,10 +361,13 @@ def main() -> None:
     options.output.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for name in options.models:
+        skip = options.skip_compile or (
+            options.compile_models is not None and name not in options.compile_models
+        )
         rows += run(
             name,
             repeats=options.repeats,
-            skip_compile=options.skip_compile,
+            skip_compile=skip,
             time_limit_s=options.time_limit,
         )
         with (options.output / "hf_models.csv").open("w", newline="") as handle:

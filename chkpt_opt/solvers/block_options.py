@@ -164,6 +164,15 @@ class OptionPool:
         self.solves = 0
         self.p_high, _, _ = evaluate(model, seg, [])
         self.p_low = self.p_high
+        # The whole block as one region (what per-layer checkpointing runs), found without
+        # a solve: the chain always has that option, however little time the sweeps get.
+        whole = [
+            k
+            for k in seg.intervals
+            if (model.intervals[k].start, model.intervals[k].stop) == (seg.lo, seg.hi)
+        ]
+        if whole:
+            self._add(whole)
         lowest = self._solve(peak_cap=None, kept_cap=None, minimize="peak")
         if lowest is not None:
             self.p_low, _, _ = evaluate(model, seg, lowest)
