@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,7 +266,9 @@ def plan(
         optimizer: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, another known name, a
             torch.optim optimizer instance, or None to count no optimizer state.
         example_kwargs: keyword inputs of one step.
-        time_limit_s: time limit for the solver.
+        time_limit_s: time limit of the whole call, tracing included: the solver gets what
+            the trace left (at least one second), and so does the search for the smallest
+            feasible budget when the budget cannot be met.
         tracer: ``"auto"`` (torch.export, then torch.fx), ``"export"`` or ``"fx"``.
         profile_times: time every op's forward on the model's device, so the solver weighs
             recomputation by measured rather than estimated times (runs the model once).
@@ -276,14 +279,21 @@ def plan(
             the available solvers can meet, in GB and GiB.
         TraceError: the model or its inputs cannot be traced.
     """
+    start = time.perf_counter()
+
+    def left_s() -> float | None:
+        if time_limit_s is None:
+            return None
+        return max(1.0, time_limit_s - (time.perf_counter() - start))
+
     traced = trace_model(
         model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
     )
     graph = traced.graph
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
-    result = get_solver(solver)(graph, act, time_limit_s=time_limit_s)
+    result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
-        lowest = smallest_peak(graph, time_limit_s=time_limit_s)
+        lowest = smallest_peak(graph, time_limit_s=left_s())
         minimum = static.resident_bytes + max(lowest.peak_bytes, static.optimizer_phase_bytes)
         proven = bool(lowest.stats.get("min_feasible_proven"))
         how = (
