@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peers import SAVE_OPS, Checkpointed, _Compiled, compiled, timings, with_blocks
+from peers import Checkpointed, _Compiled, _save_matmuls, compiled, timings, with_blocks
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 import chkpt_opt
 from chkpt_opt import zoo
@@ -75,10 +75,6 @@ FIELDS = [
     "prediction_error",
     "note",
 ]
-
-
-def _save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _unset_grads(module: nn.Module) -> None:
