@@ -1,0 +1,134 @@
+"""Codegen's rewrite pass: outlines each recompute region of a captured fx module into a
+body GraphModule called through :class:`~chkpt_opt.codegen.runtime.CheckpointRegion`."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten
+
+from chkpt_opt.codegen.runtime import CheckpointRegion
+from chkpt_opt.codegen.state import (
+    _guard_stateful,
+    _roots_written_by,
+    _snapshot_roots,
+    _state_info,
+    _StateInfo,
+)
+from chkpt_opt.errors import ScheduleError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.schedule import Schedule, check_schedule
+
+
+def _outline(
+    gm: torch.fx.GraphModule,
+    region: list[torch.fx.Node],
+    k: int,
+    info: _StateInfo,
+    *,
+    for_compile: bool,
+) -> None:
+    inside = set(region)
+    ext: list[torch.fx.Node] = []
+    for node in region:
+        for arg in node.all_input_nodes:
+            if arg not in inside and arg not in ext:
+                ext.append(arg)
+    attrs = [a for a in ext if a.op == "get_attr"]
+    # Values aliasing written state bypass checkpoint's saved inputs: their version
+    # changes, and the recomputation must see the right value (see _snapshot_roots).
+    live = [a for a in ext if a.op != "get_attr" and info.written_root(a) is not None]
+    acts = [a for a in ext if a.op != "get_attr" and a not in live]
+    statics = live + attrs
+    snap_roots = set() if for_compile else _snapshot_roots(region, info, gm)
+    snapshot = tuple(j for j, a in enumerate(statics) if info.written_root(a) in snap_roots)
+    written_here = _roots_written_by(region, info, gm)
+    written = tuple(j for j in snapshot if info.written_root(statics[j]) in written_here)
+    snapped = [info.written_root(statics[j]) for j in snapshot]
+    if len(set(snapped)) != len(snapped):
+        names = sorted({str(r.target) for r in snapped if r is not None and snapped.count(r) > 1})
+        raise ScheduleError(
+            f"region {k} ({region[0].name!r}..{region[-1].name!r}) reads {names} through two "
+            "aliases, and that state is written in place later in the step: the region "
+            "cannot be recomputed safely. Keep these ops out of recompute regions."
+        )
+
+    sub = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for j, arg in enumerate(acts + statics):
+        placeholder = sub.placeholder(f"in_{arg.name}")
+        placeholder.meta = dict(arg.meta)
+        static = arg.op in ("get_attr", "placeholder") or arg in live
+        # A snapshot is a private copy on recompute: writes into it need no guard.
+        placeholder.meta["chkpt_opt_static"] = static and j - len(acts) not in snapshot
+        env[arg] = placeholder
+    for node in region:
+        env[node] = sub.node_copy(node, lambda x: env[x])
+    outputs = [n for n in region if any(u not in inside for u in n.users)]
+    sub.output(tuple(env[o] for o in outputs))
+    body = torch.fx.GraphModule(gm, sub, class_name=f"Region{k}")
+    if not for_compile:
+        _guard_stateful(body, gm)
+    generators = tuple(
+        g
+        for node in region
+        for g in tree_flatten((node.args, node.kwargs))[0]
+        if isinstance(g, torch.Generator)
+    )
+
+    name = f"chkpt_region_{k}"
+    wrapper = CheckpointRegion(
+        body,
+        gm,
+        tuple(str(a.target) for a in attrs),
+        tuple(n.name for n in region),
+        n_acts=len(acts),
+        snapshot=snapshot,
+        written=written,
+        generators=generators,
+        for_compile=for_compile,
+    )
+    gm.add_submodule(name, wrapper)
+    with gm.graph.inserting_before(region[0]):
+        call = gm.graph.call_module(name, tuple(acts + live))
+        items = [gm.graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
+    for out, item in zip(outputs, items):
+        item.meta = dict(out.meta)
+        if out in info.root:  # later regions see the item as the value it stands for
+            info.root[item] = info.root[out]
+        out.replace_all_uses_with(item)
+    for node in reversed(region):
+        gm.graph.erase_node(node)
+
+
+def apply_schedule(
+    module: torch.fx.GraphModule, graph: CostGraph, schedule: Schedule, *, for_compile: bool = False
+) -> torch.fx.GraphModule:
+    """Rewrites ``module`` (a fresh capture, modified in place) to run ``schedule``.
+
+    Args:
+        module: a GraphModule whose call nodes are the nodes of ``graph``.
+        graph: the cost graph of that module.
+        schedule: a valid schedule of ``graph``.
+        for_compile: emit regions for ``torch.compile`` (plain non-reentrant checkpoint,
+            which dynamo turns into regions its partitioner recomputes; no eager guards).
+
+    Returns:
+        ``module``, rewritten and recompiled.
+    """
+    check_schedule(graph, schedule)
+    by_name = {n.name: n for n in module.graph.nodes}
+    info = _state_info(module)
+    for k, names in enumerate(schedule.regions):
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ScheduleError(
+                f"region {k} names ops {missing[:3]} that the module does not have; the "
+                "schedule was made for another model or another trace of it."
+            )
+        _outline(module, [by_name[n] for n in names], k, info, for_compile=for_compile)
+    module.graph.lint()
+    module.recompile()
+    return module

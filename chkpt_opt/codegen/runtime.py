@@ -1,0 +1,230 @@
+"""Codegen's runtime: the modules that run inside a training step.
+
+The recompute flag (:func:`is_recomputing`), the guards that keep module state from being
+updated twice while a region is recomputed (:class:`StateGuard`,
+:class:`ModuleStateGuard`), and :class:`CheckpointRegion`, which calls an outlined region
+through non-reentrant ``torch.utils.checkpoint`` and replays explicit generators.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils.checkpoint import checkpoint
+
+_RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "chkpt_opt_recomputing", default=False
+)
+
+
+def is_recomputing() -> bool:
+    """Whether the current code runs inside the recomputation of a region.
+
+    Always False under ``torch.compile``: there AOT autograd recomputes regions from its
+    functionalized graph, which applies module-state updates once, in the forward pass.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return _RECOMPUTING.get()
+
+
+@contextlib.contextmanager
+def _recompute_flag() -> Iterator[None]:
+    token = _RECOMPUTING.set(True)
+    try:
+        yield
+    finally:
+        _RECOMPUTING.reset(token)
+
+
+def _contexts() -> tuple[
+    contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]
+]:
+    return contextlib.nullcontext(), _recompute_flag()
+
+
+class StateGuard(torch.nn.Module):
+    """Runs a state-updating op normally, and without changing the state while recomputing.
+
+    ``mode="momentum"``: a batch-norm op in training mode; on recompute its momentum is set
+    to 0, so the running statistics are updated to exactly themselves (the output depends
+    only on the batch statistics, and autograd saves the same tensors as in the forward
+    pass). ``mode="skip"``: an in-place update of a buffer (``num_batches_tracked += 1``);
+    on recompute it is skipped and the buffer returned. ``mode="copy"``: any other in-place
+    write to module state; on recompute it writes into a copy.
+    """
+
+    def __init__(self, op: Any, position: int, mode: str) -> None:
+        super().__init__()
+        self.op = op
+        self.position = position
+        self.mode = mode
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not is_recomputing():
+            return self.op(*args, **kwargs)
+        if self.mode == "skip":
+            return args[self.position]
+        values = list(args)
+        if self.mode == "momentum":
+            values[self.position] = 0.0
+        else:
+            values[self.position] = values[self.position].clone()
+        return self.op(*values, **kwargs)
+
+
+class ModuleStateGuard(torch.nn.Module):
+    """Calls a batch-norm module; while recomputing, calls ``F.batch_norm`` with momentum 0
+    (running statistics unchanged, ``num_batches_tracked`` not incremented)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "_target", module)  # not a child: no duplicate state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        module = self._target
+        if not is_recomputing():
+            return module(x)
+        return torch.nn.functional.batch_norm(
+            x,
+            module.running_mean,
+            module.running_var,
+            module.weight,
+            module.bias,
+            True,
+            0.0,
+            module.eps,
+        )
+
+
+class CheckpointRegion(torch.nn.Module):
+    """Calls an outlined region through non-reentrant checkpoint.
+
+    Activations reach the body as checkpoint arguments (checkpoint keeps them for the
+    recomputation). Parameters and buffers are read from the root module at call time,
+    inside the checkpointed function: they are not saved by checkpoint (an in-place buffer
+    update would otherwise fail its version check on recompute), and the body always sees
+    the module's current tensors, also after ``.to()``.
+
+    Values that alias state written in place during the step (a buffer, a model input, or
+    the result of an in-place op on them) are *live* values: passed after the activations
+    (``n_acts`` of them come first), but to the body directly, not through checkpoint. The
+    body takes ``(*activations, *live, *attrs)``. ``snapshot`` lists positions in
+    ``(*live, *attrs)`` whose value the recomputation must see as it was when the region
+    ran: a copy is taken then, and the recomputation reads it (a private copy of it for
+    the positions in ``written``, which the region writes in place).
+
+    The body and the root are held outside the module tree, so the optimized module has
+    exactly the parameters, buffers and state_dict keys of the model.
+    """
+
+    def __init__(
+        self,
+        body: torch.fx.GraphModule,
+        root: torch.nn.Module,
+        attr_targets: tuple[str, ...],
+        names: tuple[str, ...],
+        *,
+        n_acts: int | None = None,
+        snapshot: tuple[int, ...] = (),
+        written: tuple[int, ...] = (),
+        generators: tuple[torch.Generator, ...] = (),
+        for_compile: bool = False,
+    ) -> None:
+        super().__init__()
+        object.__setattr__(self, "_body", body)
+        object.__setattr__(self, "_root", root)
+        object.__setattr__(self, "_const_generators", generators)
+        self.attr_targets = attr_targets
+        self.names = names
+        self.n_acts = n_acts
+        self.snapshot = snapshot
+        self.written = written
+        self.for_compile = for_compile
+
+    @property
+    def body(self) -> torch.fx.GraphModule:
+        """The outlined graph of the region."""
+        return self._body
+
+    def _attrs(self) -> list[Any]:
+        return [_fetch(self._root, t) for t in self.attr_targets]
+
+    def _run(
+        self, live: tuple[Any, ...], generator_states: tuple[torch.Tensor, ...], *args: Any
+    ) -> Any:
+        n = len(args) if self.n_acts is None else self.n_acts
+        acts, snapshots = args[:n], args[n:]
+        statics = [*live, *self._attrs()]
+        if not is_recomputing():
+            return self._body(*acts, *statics)
+        for position, snapshot in zip(self.snapshot, snapshots):
+            # A private copy where the recomputation writes into it (it replays in-place
+            # updates of this state), so the saved snapshot stays intact.
+            statics[position] = snapshot.clone() if position in self.written else snapshot
+        generators = self._generators(statics)
+        with _replayed_generators(generators, generator_states):
+            return self._body(*acts, *statics)
+
+    def _generators(self, statics: Sequence[Any]) -> list[torch.Generator]:
+        found = [v for v in statics if isinstance(v, torch.Generator)]
+        return found + [g for g in self._const_generators if all(g is not f for f in found)]
+
+    def forward(self, *args: Any) -> Any:
+        n = len(args) if self.n_acts is None else self.n_acts
+        acts, live = args[:n], tuple(args[n:])
+        if self.for_compile or torch.compiler.is_compiling():
+            # torch.compile traces checkpoint into a tagged region that its partitioner
+            # recomputes from the functional graph; state updates happen once without
+            # guards, snapshots or generator replays (none of which dynamo could trace).
+            return checkpoint(
+                functools.partial(self._run, live, ()),
+                *acts,
+                use_reentrant=False,
+                preserve_rng_state=True,
+            )
+        statics = [*live, *self._attrs()]
+        snapshots: tuple[torch.Tensor, ...] = ()
+        if self.snapshot and torch.is_grad_enabled():
+            snapshots = tuple(statics[j].detach().clone() for j in self.snapshot)
+        # Checkpoint replays the default generators; explicit ones are replayed here.
+        states = tuple(g.get_state() for g in self._generators(statics))
+        return checkpoint(
+            functools.partial(self._run, live, states),
+            *acts,
+            *snapshots,
+            use_reentrant=False,
+            preserve_rng_state=True,
+            context_fn=_contexts,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{len(self.names)} ops: {self.names[0]} .. {self.names[-1]}"
+
+
+@contextlib.contextmanager
+def _replayed_generators(
+    generators: Sequence[torch.Generator], states: Sequence[torch.Tensor]
+) -> Iterator[None]:
+    """Sets explicit generators to the states they had in the forward pass, and back."""
+    current = [g.get_state() for g in generators]
+    for generator, state in zip(generators, states):
+        generator.set_state(state)
+    try:
+        yield
+    finally:
+        for generator, state in zip(generators, current):
+            generator.set_state(state)
+
+
+def _fetch(root: torch.nn.Module, target: str) -> Any:
+    value: Any = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
