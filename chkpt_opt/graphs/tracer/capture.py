@@ -173,8 +173,8 @@ def _capture_export(
         notes = [f"as eager: {what}" for what in dict.fromkeys(done)]
         if compiling:
             notes.append(
-                "captured with torch.compiler.is_compiling() True inside forward (ops the "
-                f"model picks when compiled): the eager program failed with {failures[0]}"
+                "captured with Hugging Face's is_torchdynamo_compiling() True (ops the model "
+                f"picks when compiled): the eager program failed with {failures[0]}"
             )
         break
     else:

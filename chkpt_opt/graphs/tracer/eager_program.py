@@ -4,9 +4,9 @@ A plan is made for the example inputs' shapes and runs eagerly, so the program t
 is the one the model runs eagerly. Two things make an exported program heavier than the
 model's own:
 
-* **Flags.** Models branch on ``torch.compiler.is_exporting()`` / ``is_compiling()`` to
-  build a program valid for every input. :func:`eager_branches` makes them read False
-  in the model's code while it is exported.
+* **Flags.** Models branch on whether they are exported or compiled to build a program
+  valid for every input. :func:`eager_branches` makes Hugging Face's flag helpers read
+  as they do eagerly while the model is exported.
 * **Decisions on values the tracer does not see.** Under export every tensor is fake, so a
   branch on a tensor's values takes its general side even when the tensor is computed from
   constants alone and its value is known. Hugging Face's attention masks are the case that
@@ -33,37 +33,44 @@ import torch.fx
 log = logging.getLogger(__name__)
 
 
+_FLAG_HELPERS = ("is_torchdynamo_compiling", "is_torchdynamo_exporting")
+
+
 @contextlib.contextmanager
 def eager_branches(*, compiling: bool = False) -> Iterator[None]:
-    """While a model is exported, ``torch.compiler.is_exporting()`` reads False in the
-    model's own code, as it does when the model runs eagerly, and so does
-    ``is_compiling()`` unless ``compiling`` (for models whose eager ops have no traceable
-    fake kernel, and that pick a traceable variant when compiled).
+    """While a model is exported, Hugging Face's ``is_torchdynamo_exporting()`` reads False,
+    as it does when the model runs eagerly, and so does ``is_torchdynamo_compiling()``
+    unless ``compiling`` (for models whose eager ops have no traceable fake kernel, and that
+    pick a traceable variant when compiled).
 
-    PyTorch's own code (any caller in the ``torch`` package) keeps reading the real flags:
-    export itself depends on them while it runs the forward.
+    Only the helpers of the ``transformers`` modules already imported are replaced (every
+    module that holds one by name), never ``torch.compiler``'s own functions: export and
+    Dynamo read those, and Dynamo keys its special cases on their identity.
     """
-    real_exporting = torch.compiler.is_exporting
-    real_compiling = torch.compiler.is_compiling
-
-    def is_exporting() -> bool:
-        return real_exporting() if _called_from_torch() else False
-
-    def is_compiling() -> bool:
-        return real_compiling() if _called_from_torch() else compiling and real_compiling()
-
-    torch.compiler.is_exporting = is_exporting
-    torch.compiler.is_compiling = is_compiling
+    values = {"is_torchdynamo_compiling": compiling, "is_torchdynamo_exporting": False}
+    replaced: list[tuple[Any, str, Any]] = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "transformers" or name.startswith("transformers.")):
+            continue
+        for helper in _FLAG_HELPERS:
+            real = module.__dict__.get(helper)
+            if callable(real):
+                replaced.append((module, helper, real))
+                setattr(module, helper, _reads_as(values[helper], real))
     try:
         yield
     finally:
-        torch.compiler.is_exporting = real_exporting
-        torch.compiler.is_compiling = real_compiling
+        for module, helper, real in reversed(replaced):
+            setattr(module, helper, real)
 
 
-def _called_from_torch() -> bool:
-    caller = sys._getframe(2).f_globals.get("__name__", "")
-    return caller == "torch" or caller.startswith("torch.")
+def _reads_as(value: bool, real: Any) -> Any:
+    """A flag helper that reads ``value`` when the real flag is set (tracing), else False."""
+
+    def helper() -> bool:
+        return value and bool(real())
+
+    return helper
 
 
 def constant_value(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -151,7 +158,6 @@ def resolved_constant_branches() -> Iterator[list[str]]:
             with (
                 unset_fake_temporarily(),
                 proxy_tensor.disable_proxy_modes_tracing(),
-                eager_branches(),
                 _flags_off(),
             ):
                 packed = original(value)
