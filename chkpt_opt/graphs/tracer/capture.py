@@ -164,9 +164,14 @@ def _capture_export(
     failures: list[str] = []
     for compiling in (False, True):
         try:
-            with eager_branches(compiling=compiling), resolved_constant_branches() as done:
+            with (
+                eager_branches(compiling=compiling) as replaced,
+                resolved_constant_branches() as done,
+            ):
                 exported = torch.export.export(model, args, kwargs, strict=False)
         except Exception as err:
+            if not replaced:  # nothing was patched: retrying would export the same program
+                raise
             failures.append(_first_lines(err, limit=1))
             log.info("export with the eager flags (compiling=%s) failed: %s", compiling, err)
             continue

@@ -37,7 +37,7 @@ _FLAG_HELPERS = ("is_torchdynamo_compiling", "is_torchdynamo_exporting")
 
 
 @contextlib.contextmanager
-def eager_branches(*, compiling: bool = False) -> Iterator[None]:
+def eager_branches(*, compiling: bool = False) -> Iterator[int]:
     """While a model is exported, Hugging Face's ``is_torchdynamo_exporting()`` reads False,
     as it does when the model runs eagerly, and so does ``is_torchdynamo_compiling()``
     unless ``compiling`` (for models whose eager ops have no traceable fake kernel, and that
@@ -45,7 +45,8 @@ def eager_branches(*, compiling: bool = False) -> Iterator[None]:
 
     Only the helpers of the ``transformers`` modules already imported are replaced (every
     module that holds one by name), never ``torch.compiler``'s own functions: export and
-    Dynamo read those, and Dynamo keys its special cases on their identity.
+    Dynamo read those, and Dynamo keys its special cases on their identity. Yields the
+    number of helpers replaced (0: the export is the plain one).
     """
     values = {"is_torchdynamo_compiling": compiling, "is_torchdynamo_exporting": False}
     replaced: list[tuple[Any, str, Any]] = []
@@ -58,7 +59,7 @@ def eager_branches(*, compiling: bool = False) -> Iterator[None]:
                 replaced.append((module, helper, real))
                 setattr(module, helper, _reads_as(values[helper], real))
     try:
-        yield
+        yield len(replaced)
     finally:
         for module, helper, real in reversed(replaced):
             setattr(module, helper, real)
