@@ -17,6 +17,8 @@ The rules follow what PyTorch does (they are checked against measured runs in th
   Autograd packs an op's inputs before the op runs and its outputs after, so that last op
   runs only if it saves one of its own storages. The recomputed saved storages are kept
   until the backward op that unpacks them has run;
+* values that the recomputation computes and that an op after its stop (or outside the
+  region) reads are held by the region's code until the recomputation ends;
 * the gradient of an op's output is created by the backward of its last reader (or at the
   start of the backward pass for a step output) and is freed once the op's own backward
   has run; views pass gradients on without copying; a parameter gradient lives to the end
@@ -26,6 +28,23 @@ The rules follow what PyTorch does (they are checked against measured runs in th
   out of place (old, new and sum alive together), which is what the engine does when
   neither buffer can be reused and an upper bound otherwise. An op that reads a tensor
   several times (``x * x``) returns one gradient per read; fresh ones are summed in place.
+
+Nested regions and cached ops (see :mod:`chkpt_opt.schedule`) follow the rules of nested
+non-reentrant checkpoint and selective-checkpoint policies:
+
+* a saved tensor belongs to the innermost region around the op that saves it; an inner
+  region's inputs are saved tensors of its parent (the parent's frame holds them, so in
+  the forward pass they are kept only if the outermost region keeps them as its inputs);
+* a region is recomputed just before the first backward op that unpacks one of its own
+  saved tensors, or just before an inner region's recomputation needs its inputs (outer
+  regions first). The recomputation runs the region's ops from its first one up to its
+  last own saved tensor (an op, or an inner region's inputs, packed when that region
+  starts); inner regions met on the way run again as checkpoints, keeping nothing;
+* a cached op that runs in the recomputation of an outer region is cached by its own
+  region's checkpoint there, until that recomputation ends;
+* a cached op's outputs live from the forward pass to the recomputation of its region,
+  which takes them instead of running the op (or to its end if it stops before the op;
+  to the region's last backward op if the region is never recomputed).
 """
 
 from __future__ import annotations
@@ -39,7 +58,7 @@ from chkpt_opt.graphs.costgraph import (
     storage_owners,
     storage_refs,
 )
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.schedule import RegionSpan, Schedule, innermost_regions, region_tree
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,8 @@ class Step:
         alloc: ``(instance id, bytes)`` of the storages this step creates.
         free: instance ids released once this step is done.
         transient_bytes: extra bytes alive only while the step runs.
+        region: for a ``"recompute"`` step, the position in
+            :func:`~chkpt_opt.schedule.region_tree` of the region whose recomputation runs it.
     """
 
     kind: str
@@ -60,6 +81,7 @@ class Step:
     alloc: tuple[tuple[str, int], ...]
     free: tuple[str, ...]
     transient_bytes: int
+    region: int = -1
 
 
 def _saves_own_storage(graph: CostGraph, node: str, owner: dict[str, str]) -> bool:
@@ -68,12 +90,77 @@ def _saves_own_storage(graph: CostGraph, node: str, owner: dict[str, str]) -> bo
 
 
 def replayed_ops(graph: CostGraph, region: tuple[str, ...], owner: dict[str, str]) -> list[str]:
-    """The ops of a region that its recomputation runs (see the module docstring)."""
+    """The ops that the recomputation of a keep-set region runs (see the module docstring)."""
     packers = [n for n in region if graph.nodes[n]["n_saved"] > 0]
     if not any(graph.nodes[n]["has_backward"] for n in packers):
         return []
     last = packers[-1]
     return list(region[: region.index(last) + (1 if _saves_own_storage(graph, last, owner) else 0)])
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """What the recomputation of one region does.
+
+    Attributes:
+        prefix: indices of the ops it reaches, in order (cached ops included).
+        computed: those of them it runs (the others are the region's cached ops).
+        trigger: the node before whose backward it runs, or "" if it never runs.
+        last_event: index of its last own saved tensor (an own op, or the first op of an
+            inner region whose inputs are packed there); inner regions starting at or
+            before it have their inputs packed.
+        holds: whether its checkpoint outlives the forward pass (some op inside saves a
+            tensor). If not, nothing refers to the inputs it saved in its parent, and the
+            parent's recomputation does not keep them.
+    """
+
+    prefix: tuple[int, ...]
+    computed: tuple[int, ...]
+    trigger: str
+    last_event: int
+    holds: bool
+
+
+def _replays(
+    graph: CostGraph,
+    order: list[str],
+    tree: list[RegionSpan],
+    inner: list[int],
+    saved: frozenset[str],
+    owner: dict[str, str],
+) -> list[_Replay]:
+    nodes = graph.nodes
+    trigger_index: list[int] = [-1] * len(tree)
+    stops: list[int] = [0] * len(tree)
+    last_events: list[int] = [-1] * len(tree)
+    holds: list[bool] = [False] * len(tree)
+    for k in reversed(range(len(tree))):  # inner regions come after their parents
+        span = tree[k]
+        # Holder events: (index, own op or -1 for an inner region's inputs).
+        events: list[tuple[int, int]] = [(tree[c].start, -1) for c in span.children]
+        events += [
+            (i, i)
+            for i in range(span.start, span.stop)
+            if inner[i] == k and nodes[order[i]]["n_saved"] > 0
+        ]
+        events.sort()
+        stop = span.start
+        if events:
+            i, op = events[-1]
+            last_events[k] = i
+            stop = i + 1 if op >= 0 and _saves_own_storage(graph, order[op], owner) else i
+        stops[k] = stop
+        holds[k] = any(op >= 0 for _, op in events) or any(holds[c] for c in span.children)
+        triggers = [i for i, op in events if op >= 0 and nodes[order[op]]["has_backward"]]
+        triggers += [trigger_index[c] for c in span.children if trigger_index[c] >= 0]
+        trigger_index[k] = max(triggers, default=-1)
+    result = []
+    for k, span in enumerate(tree):
+        prefix = tuple(range(span.start, stops[k])) if trigger_index[k] >= 0 else ()
+        computed = tuple(i for i in prefix if not (inner[i] == k and order[i] in saved))
+        trigger = order[trigger_index[k]] if trigger_index[k] >= 0 else ""
+        result.append(_Replay(prefix, computed, trigger, last_events[k], holds[k]))
+    return result
 
 
 def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
@@ -83,40 +170,42 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     """
     nodes = graph.nodes
     order = ordered_nodes(graph)
+    index = {n: i for i, n in enumerate(order)}
     owner = storage_owners(graph)
     refs = {n: storage_refs(graph, n) for n in order}
     preds = {n: sorted(graph.predecessors(n), key=lambda u: nodes[u]["index"]) for n in order}
-    region_of: dict[str, int] = {n: k for k, r in enumerate(schedule.regions) for n in r}
+    tree = region_tree(graph, schedule)
+    inner = innermost_regions(tree, len(order))
+    replays = _replays(graph, order, tree, inner, schedule.saved, owner)
+    by_trigger: dict[str, list[int]] = {}
+    for k in sorted(range(len(tree)), key=lambda k: tree[k].depth):  # outer regions first
+        if replays[k].trigger:
+            by_trigger.setdefault(replays[k].trigger, []).append(k)
 
     # Positions of every step.
-    kinds: list[tuple[str, str]] = [("fwd", n) for n in order]
+    kinds: list[tuple[str, str, int]] = [("fwd", n, -1) for n in order]
     fwd_pos = {n: i for i, n in enumerate(order)}
-    replay: dict[str, tuple[int, list[str]]] = {}  # trigger node -> (region, replayed ops)
-    for k, region in enumerate(schedule.regions):
-        packers = [n for n in region if nodes[n]["n_saved"] > 0]
-        triggers = [n for n in packers if nodes[n]["has_backward"]]
-        if triggers:
-            replay[triggers[-1]] = (k, replayed_ops(graph, region, owner))
-    kinds.append(("bwd_start", ""))
-    rec_pos: dict[str, int] = {}
+    kinds.append(("bwd_start", "", -1))
+    rec_pos: dict[tuple[int, int], int] = {}  # (region, op index) -> position
+    replay_start: dict[int, int] = {}  # region -> first position of its recomputation
+    replay_end: dict[int, int] = {}  # region -> last position of its recomputation
     bwd_pos: dict[str, int] = {}
     acc_pos: dict[str, int] = {}
     # op -> (input, summed in place, summed into a new buffer that replaces the caller's seed)
     accumulates: dict[str, list[tuple[str, bool, bool]]] = {}
     has_grad = {o for o in graph.graph["outputs"] if nodes[o]["has_backward"]}
     seeded = set(has_grad)  # outputs whose gradient is still the seed the caller holds
-    replayed_regions: set[int] = set()
     for n in reversed(order):
         if not nodes[n]["has_backward"]:
             continue
-        if n in replay:
-            k, ops = replay[n]
-            replayed_regions.add(k)
-            for u in ops:
-                rec_pos[u] = len(kinds)
-                kinds.append(("recompute", u))
+        for k in by_trigger.get(n, ()):
+            replay_start[k] = len(kinds)
+            for i in replays[k].computed:
+                rec_pos[k, i] = len(kinds)
+                kinds.append(("recompute", order[i], k))
+            replay_end[k] = len(kinds) - 1  # an empty one ends before the trigger runs
         bwd_pos[n] = len(kinds)
-        kinds.append(("bwd", n))
+        kinds.append(("bwd", n, -1))
         targets = [u for u in preds[n] if nodes[u]["requires_grad"]]
         # One incoming gradient per use; all but the first of a tensor without a gradient
         # yet are sums (a view's backward passes its gradient on instead, once).
@@ -140,7 +229,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
             accumulates[n] += [(u, in_place, False)] * (uses - 1)
         if accumulates[n]:
             acc_pos[n] = len(kinds)
-            kinds.append(("accumulate", n))
+            kinds.append(("accumulate", n, -1))
         has_grad.update(targets)
     end = len(kinds)  # "held to the end of the step"
 
@@ -154,57 +243,113 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     def kept_until(node: str) -> int:
         return bwd_pos.get(node, end)
 
-    # Forward instances and their forward readers.
-    region_inputs: dict[int, set[str]] = {k: set() for k in range(len(schedule.regions))}
-    for n in order:
-        attrs = nodes[n]
-        for sid, nbytes in attrs["outputs"].items():
-            alloc_at[f"f:{sid}"] = (fwd_pos[n], nbytes)
+    def own_storages(node: str) -> dict[str, int]:
+        attrs = nodes[node]
+        made = dict(attrs["outputs"])
         for sid, nbytes in attrs["saved"].items():
-            if owner[sid] == n and sid not in attrs["outputs"]:
-                alloc_at[f"f:{sid}"] = (fwd_pos[n], nbytes)
-        k = region_of.get(n)
+            if owner[sid] == node:
+                made.setdefault(sid, nbytes)
+        return made
+
+    def inside(k: int, sid: str) -> bool:
+        return tree[k].start <= index[owner[sid]] < tree[k].stop
+
+    prefixes = [set(r.prefix) for r in replays]
+
+    def value(sid: str, k: int) -> str:
+        """The instance that holds storage ``sid`` as the recomputation of region ``k``
+        sees it."""
+        i = index[owner[sid]]
+        while k >= 0:
+            if tree[k].start <= i < tree[k].stop:
+                if i not in prefixes[k]:
+                    break
+                if inner[i] == k and order[i] in schedule.saved:
+                    return f"f:{sid}"
+                return f"r{k}:{sid}"
+            k = tree[k].parent
+        return f"f:{sid}"
+
+    def region_inputs(k: int) -> set[str]:
+        span = tree[k]
+        found: set[str] = set()
+        for i in range(span.start, span.stop):
+            n = order[i]
+            for sid in [s for u in preds[n] for s in refs[u]] + list(nodes[n]["saved"]):
+                if not inside(k, sid):
+                    found.add(sid)
+        return found
+
+    def frame_release(k: int) -> int:
+        span = tree[k]
+        packers = [order[i] for i in range(span.start, span.stop) if nodes[order[i]]["n_saved"]]
+        return max((kept_until(p) for p in packers), default=span.stop - 1)
+
+    # Forward instances and their forward readers.
+    for n in order:
+        for sid, nbytes in own_storages(n).items():
+            alloc_at[f"f:{sid}"] = (fwd_pos[n], nbytes)
         for u in preds[n]:
             for sid in refs[u]:
                 hold(f"f:{sid}", fwd_pos[n])
-                if k is not None and region_of.get(owner[sid]) != k:
-                    region_inputs[k].add(sid)
     for out in graph.graph["outputs"]:
         for sid in refs[out]:
             hold(f"f:{sid}", end)
 
-    # What the backward pass keeps, outside and inside regions.
+    # What the forward pass keeps: saved tensors outside regions, the outermost regions'
+    # inputs, and the outputs of cached ops.
     for n in order:
-        k = region_of.get(n)
-        for sid in nodes[n]["saved"]:
-            if k is None:
+        if inner[index[n]] < 0:
+            for sid in nodes[n]["saved"]:
                 hold(f"f:{sid}", kept_until(n))
-            elif region_of.get(owner[sid]) != k:
-                region_inputs[k].add(sid)
-            elif k in replayed_regions:
-                hold(f"r:{sid}", kept_until(n))
-    for k, region in enumerate(schedule.regions):
-        packers = [n for n in region if nodes[n]["n_saved"] > 0]
-        frame_release = max((kept_until(p) for p in packers), default=fwd_pos[region[-1]])
-        for sid in region_inputs[k]:
-            hold(f"f:{sid}", frame_release)
+    for k, span in enumerate(tree):
+        if span.parent < 0:
+            for sid in region_inputs(k):
+                hold(f"f:{sid}", frame_release(k))
+    for n in sorted(schedule.saved, key=lambda n: index[n]):
+        k, i = inner[index[n]], index[n]
+        if k in replay_start and i in prefixes[k]:  # the recomputation takes it here
+            before = [rec_pos[k, j] for j in replays[k].computed if j < i]
+            until = max(before, default=replay_start[k] - 1)
+        elif k in replay_start:  # the cache goes with the recomputation's context
+            until = replay_end[k]
+        else:
+            until = frame_release(k)
+        for sid in own_storages(n):
+            hold(f"f:{sid}", until)
 
-    # Replayed ops: their fresh storages and the readers inside the replay.
-    for _, (k, ops) in replay.items():
-        if k not in replayed_regions:
+    # Recomputations: fresh storages, readers, packed tensors and inner regions' inputs.
+    for k, span in enumerate(tree):
+        if k not in replay_end:
             continue
-        inside = set(ops)
-        for n in ops:
-            attrs = nodes[n]
-            for sid, nbytes in attrs["outputs"].items():
-                alloc_at[f"r:{sid}"] = (rec_pos[n], nbytes)
-            for sid, nbytes in attrs["saved"].items():
-                if owner[sid] == n and sid not in attrs["outputs"]:
-                    alloc_at[f"r:{sid}"] = (rec_pos[n], nbytes)
+        for i in replays[k].computed:
+            n = order[i]
+            position = rec_pos[k, i]
+            for sid, nbytes in own_storages(n).items():
+                alloc_at[f"r{k}:{sid}"] = (position, nbytes)
             for u in preds[n]:
                 for sid in refs[u]:
-                    if owner[sid] in inside:
-                        hold(f"r:{sid}", rec_pos[n])
+                    hold(value(sid, k), position)
+            # A value read after the recomputation stops (or outside the region) is held
+            # by the region's code until the recomputation ends.
+            later = [v for v in graph.successors(n) if index[v] not in prefixes[k]]
+            if later or n in graph.graph["outputs"]:
+                for sid in refs[n]:
+                    hold(value(sid, k), replay_end[k])
+            # An op that an inner region caches is cached again by that region's checkpoint
+            # running inside this recomputation, until the recomputation ends.
+            if inner[i] != k and n in schedule.saved:
+                for sid in own_storages(n):
+                    hold(f"r{k}:{sid}", replay_end[k])
+        for i in range(span.start, span.stop):
+            if inner[i] == k:
+                for sid in nodes[order[i]]["saved"]:
+                    hold(value(sid, k), kept_until(order[i]))
+        for c in span.children:
+            if tree[c].start > replays[k].last_event or not replays[c].holds:
+                continue
+            for sid in region_inputs(c):
+                hold(value(sid, k), replay_end.get(c, frame_release(k)))
 
     # Gradients.
     transient = [0] * end
@@ -216,7 +361,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         alloc_at[inst] = (start_pos, nodes[out]["grad_bytes"])
         grads[out] = [inst]
         hold(inst, end)  # the caller holds the output gradients through the backward call
-    for position, (kind, n) in enumerate(kinds):
+    for position, (kind, n, _) in enumerate(kinds):
         if kind in ("fwd", "recompute"):
             transient[position] = nodes[n]["fwd_workspace_bytes"]
             continue
@@ -261,6 +406,6 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         if last < end:
             frees[last].append(inst)
     return [
-        Step(kind, n, tuple(sorted(allocs[p])), tuple(sorted(frees[p])), transient[p])
-        for p, (kind, n) in enumerate(kinds)
+        Step(kind, n, tuple(sorted(allocs[p])), tuple(sorted(frees[p])), transient[p], k)
+        for p, (kind, n, k) in enumerate(kinds)
     ]

@@ -9,7 +9,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
-from chkpt_opt.codegen.runtime import CheckpointRegion
+from chkpt_opt.codegen.runtime import CheckpointRegion, begin_cached_op, end_cached_op
 from chkpt_opt.codegen.state import (
     _guard_stateful,
     _roots_written_by,
@@ -18,8 +18,8 @@ from chkpt_opt.codegen.state import (
     _StateInfo,
 )
 from chkpt_opt.errors import ScheduleError
-from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule, check_schedule
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.schedule import Schedule, check_schedule, innermost_regions, region_tree
 
 
 def _outline(
@@ -29,7 +29,11 @@ def _outline(
     info: _StateInfo,
     *,
     for_compile: bool,
-) -> None:
+    cached: frozenset[str] = frozenset(),
+) -> list[torch.fx.Node]:
+    """Outlines ``region`` into submodule ``chkpt_region_{k}``; returns the nodes that
+    stand for it in ``gm`` (the call and its items). Ops named in ``cached`` are marked
+    for the region's selective-checkpoint policy."""
     inside = set(region)
     ext: list[torch.fx.Node] = []
     for node in region:
@@ -64,8 +68,15 @@ def _outline(
         # A snapshot is a private copy on recompute: writes into it need no guard.
         placeholder.meta["chkpt_opt_static"] = static and j - len(acts) not in snapshot
         env[arg] = placeholder
+    name = f"chkpt_region_{k}"
+    key = f"{name}@{id(gm):x}" if cached else ""
     for node in region:
-        env[node] = sub.node_copy(node, lambda x: env[x])
+        if node.name in cached:
+            token = sub.call_function(begin_cached_op, (key,))
+            env[node] = sub.node_copy(node, lambda x: env[x])
+            sub.call_function(end_cached_op, (token,))
+        else:
+            env[node] = sub.node_copy(node, lambda x: env[x])
     outputs = [n for n in region if any(u not in inside for u in n.users)]
     sub.output(tuple(env[o] for o in outputs))
     body = torch.fx.GraphModule(gm, sub, class_name=f"Region{k}")
@@ -78,7 +89,6 @@ def _outline(
         if isinstance(g, torch.Generator)
     )
 
-    name = f"chkpt_region_{k}"
     wrapper = CheckpointRegion(
         body,
         gm,
@@ -89,11 +99,18 @@ def _outline(
         written=written,
         generators=generators,
         for_compile=for_compile,
+        cache_key=key,
     )
     gm.add_submodule(name, wrapper)
     with gm.graph.inserting_before(region[0]):
         call = gm.graph.call_module(name, tuple(acts + live))
         items = [gm.graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
+    # An outer region that calls this one sees it at its first op's place, writing what
+    # its ops write.
+    for node in (call, *items):
+        info.position[node] = info.position[region[0]]
+    if written_here:
+        info.hop_writes[call] = set(written_here)
     for out, item in zip(outputs, items):
         item.meta = dict(out.meta)
         if out in info.root:  # later regions see the item as the value it stands for
@@ -101,6 +118,7 @@ def _outline(
         out.replace_all_uses_with(item)
     for node in reversed(region):
         gm.graph.erase_node(node)
+    return [call, *items]
 
 
 def apply_schedule(
@@ -119,16 +137,43 @@ def apply_schedule(
         ``module``, rewritten and recompiled.
     """
     check_schedule(graph, schedule)
+    if for_compile and not schedule.is_keep_set():
+        raise ScheduleError(
+            "this schedule nests regions or caches ops inside them; the torch.compile path "
+            "runs keep-set schedules only. Apply it eagerly (plan.apply()), or plan with a "
+            "keep-set solver for torch.compile."
+        )
     by_name = {n.name: n for n in module.graph.nodes}
+    missing = [n for r in schedule.regions for n in r if n not in by_name]
+    if missing:
+        raise ScheduleError(
+            f"the schedule names ops {missing[:3]} that the module does not have; it was "
+            "made for another model or another trace of it."
+        )
     info = _state_info(module)
-    for k, names in enumerate(schedule.regions):
-        missing = [n for n in names if n not in by_name]
-        if missing:
-            raise ScheduleError(
-                f"region {k} names ops {missing[:3]} that the module does not have; the "
-                "schedule was made for another model or another trace of it."
-            )
-        _outline(module, [by_name[n] for n in names], k, info, for_compile=for_compile)
+    order = ordered_nodes(graph)
+    tree = region_tree(graph, schedule)
+    inner = innermost_regions(tree, len(order))
+    # Inner regions first: an outer region's body then calls the inner regions' modules.
+    stands_for: dict[str, list[torch.fx.Node]] = {}  # first op of an outlined region -> nodes
+    covered: set[str] = set()
+    for k in sorted(range(len(tree)), key=lambda k: (-tree[k].depth, k)):
+        span = tree[k]
+        nodes: list[torch.fx.Node] = []
+        for i in range(span.start, span.stop):
+            name = order[i]
+            if name in stands_for:
+                nodes += stands_for.pop(name)
+            elif name not in covered:
+                nodes.append(by_name[name])
+        cached = (
+            frozenset(order[i] for i in range(span.start, span.stop) if inner[i] == k)
+            & schedule.saved
+        )
+        stands_for[order[span.start]] = _outline(
+            module, nodes, k, info, for_compile=for_compile, cached=cached
+        )
+        covered.update(order[span.start : span.stop])
     module.graph.lint()
     module.recompile()
     return module

@@ -16,7 +16,11 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 _RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "chkpt_opt_recomputing", default=False
@@ -47,6 +51,51 @@ def _contexts() -> tuple[
     contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]
 ]:
     return contextlib.nullcontext(), _recompute_flag()
+
+
+# The region whose cached op is running now (set by the marks around that op in its body).
+_CACHING: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "chkpt_opt_caching", default=None
+)
+
+
+def begin_cached_op(region: str) -> contextvars.Token[str | None] | None:
+    """Marks the start of an op whose outputs ``region`` caches (called from region bodies)."""
+    if torch.compiler.is_compiling():
+        return None
+    return _CACHING.set(region)
+
+
+def end_cached_op(token: contextvars.Token[str | None] | None) -> None:
+    """Marks the end of the op that :func:`begin_cached_op` started."""
+    if token is not None:
+        _CACHING.reset(token)
+
+
+@contextlib.contextmanager
+def _entered(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for manager in managers:
+            stack.enter_context(manager)
+        yield
+
+
+def _selective_contexts(
+    region: str,
+) -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
+    """Checkpoint contexts that cache the outputs of the ops marked for ``region`` (a
+    selective-checkpoint policy: ``MUST_SAVE`` for them, recompute for everything else,
+    including the cached ops of regions nested inside, which their own region caches)."""
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        # A composite op runs several kernels: cache those that make new storages, and
+        # recompute the views among them (a cached view of an input would keep the input).
+        if _CACHING.get() == region and not getattr(func, "is_view", False):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    forward, recompute = create_selective_checkpoint_contexts(policy)
+    return _entered(forward), _entered(recompute, _recompute_flag())
 
 
 class StateGuard(torch.nn.Module):
@@ -106,6 +155,10 @@ class ModuleStateGuard(torch.nn.Module):
 class CheckpointRegion(torch.nn.Module):
     """Calls an outlined region through non-reentrant checkpoint.
 
+    With a ``cache_key``, the region caches the outputs of the ops its body marks with that
+    key (between :func:`begin_cached_op` and :func:`end_cached_op`) through a
+    selective-checkpoint policy. A region's body may call inner regions: checkpoints nest.
+
     Activations reach the body as checkpoint arguments (checkpoint keeps them for the
     recomputation). Parameters and buffers are read from the root module at call time,
     inside the checkpointed function: they are not saved by checkpoint (an in-place buffer
@@ -136,6 +189,7 @@ class CheckpointRegion(torch.nn.Module):
         written: tuple[int, ...] = (),
         generators: tuple[torch.Generator, ...] = (),
         for_compile: bool = False,
+        cache_key: str = "",
     ) -> None:
         super().__init__()
         object.__setattr__(self, "_body", body)
@@ -147,6 +201,12 @@ class CheckpointRegion(torch.nn.Module):
         self.snapshot = snapshot
         self.written = written
         self.for_compile = for_compile
+        self._key = cache_key
+
+    @property
+    def cache_key(self) -> str:
+        """The key its body's cache marks carry."""
+        return self._key
 
     @property
     def body(self) -> torch.fx.GraphModule:
@@ -201,7 +261,9 @@ class CheckpointRegion(torch.nn.Module):
             *snapshots,
             use_reentrant=False,
             preserve_rng_state=True,
-            context_fn=_contexts,
+            context_fn=(
+                functools.partial(_selective_contexts, self._key) if self._key else _contexts
+            ),
         )
 
     def extra_repr(self) -> str:

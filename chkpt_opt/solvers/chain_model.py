@@ -175,6 +175,8 @@ class ChainModel:
         self.size = scan.size
         self.births = scan.births
         self.reads = scan.reads
+        self.last_reader = {sid: max(ops) for sid, ops in scan.readers.items()}
+        self.last_reader.update({sid: len(order) for sid in scan.step_outputs})
         self.saved_ids: list[list[str]] = [list(nodes[v]["saved"]) for v in order]
         self.workspace = [nodes[v]["fwd_workspace_bytes"] for v in order]
         self.times = [nodes[v]["fwd_time_s"] for v in order]

@@ -19,6 +19,7 @@ class ChainStorages(Protocol):
     reads: list[set[str]]
     saved_ids: list[list[str]]
     workspace: list[int]
+    last_reader: dict[str, int]
 
 
 class Rmq:
@@ -60,6 +61,11 @@ class Replay:
         self.held: set[str] = set()
         self.pending: set[str] = set()
         self.held_total = 0
+        # Storages born in the replay that an op after its current end reads: alive to the
+        # end, until the replay grows past their last reader.
+        self.open: dict[int, list[str]] = {}
+        self.open_ids: set[str] = set()
+        self.open_total = 0
 
     def advance(self, last: int, last_saver: int) -> int:
         """Grows the replay to ops ``a..last`` with savers up to ``last_saver``; returns its
@@ -72,7 +78,7 @@ class Replay:
 
     def _step(self, t: int) -> None:
         chain, a = self.chain, self.a
-        value = self.held_total + chain.workspace[t]
+        value = self.held_total + self.open_total + chain.workspace[t]
         for sid in chain.reads[t]:
             e = self.end.get(sid)
             if e is None:
@@ -86,16 +92,31 @@ class Replay:
             if sid in self.pending:
                 self.held.add(sid)
                 self.held_total += size
+            elif chain.last_reader.get(sid, -1) > t:
+                self.open.setdefault(chain.last_reader[sid], []).append(sid)
+                self.open_ids.add(sid)
+                self.open_total += size
             else:
                 self.end[sid] = t
             value += size
         self.alive.append(value)
         self.last = t
+        for sid in self.open.pop(t, ()):  # read for the last time at t
+            if sid in self.open_ids:
+                self.open_ids.discard(sid)
+                self.open_total -= chain.size[sid]
+                self.end[sid] = t
 
     def _saver(self, i: int) -> None:
         chain, a = self.chain, self.a
         for sid in chain.saved_ids[i]:
             if chain.owner_idx[sid] < a or sid in self.held:
+                continue
+            if sid in self.open_ids:  # alive to the end already; now held beyond it
+                self.open_ids.discard(sid)
+                self.open_total -= chain.size[sid]
+                self.held.add(sid)
+                self.held_total += chain.size[sid]
                 continue
             e = self.end.pop(sid, None)
             if e is None:

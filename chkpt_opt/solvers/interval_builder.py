@@ -98,6 +98,15 @@ class _Builder:
             [(sid, self.owner_idx[sid]) for u in self.preds[i] for sid in self.refs[self.order[u]]]
             for i in range(self.n)
         ]
+        # The last op that reads each storage (past every op for what the step returns):
+        # a replay holds what an op after it reads until the replay ends.
+        self.last_reader: dict[str, int] = {}
+        for i, reads in enumerate(self.reads):
+            for sid, _ in reads:
+                self.last_reader[sid] = i
+        for out in graph.graph["outputs"]:
+            for sid in self.refs[out]:
+                self.last_reader[sid] = self.n
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -224,7 +233,8 @@ class _Builder:
         """Peak bytes of the replay of ops ``a..last`` and what outlives it.
 
         Savers up to ``last_saver`` hold the recomputed storages of owners inside the region
-        until their ``kept_until``.
+        until their ``kept_until``; a storage that an op after the replay reads lives to the
+        end of the replay.
         """
         owner_idx = self.owner_idx
         steps = range(a, last + 1)
@@ -250,7 +260,8 @@ class _Builder:
         # end of the replay when a saver holds it); summed with a difference array.
         delta = [0] * (last - a + 2)
         for sid, nbytes in size.items():
-            until = last if sid in held else max(born[sid], last_read.get(sid, -1))
+            read_later = self.last_reader.get(sid, -1) > last
+            until = last if sid in held or read_later else max(born[sid], last_read.get(sid, -1))
             if until >= born[sid]:
                 delta[born[sid] - a] += nbytes
                 delta[min(until, last) - a + 1] -= nbytes
