@@ -83,6 +83,8 @@ _BUILTIN = (
     "hierarchical",
     "dp_chain",
     "pruned",
+    "nested",
+    "caching",
 )
 _UNAVAILABLE: dict[str, str] = {}
 

@@ -1,0 +1,197 @@
+"""Schedules beyond keep-set, side by side with keep-set, in one run.
+
+Three parts, one results directory (``benchmarks/results/general_space``):
+
+* the corpus (``graphs/*.json``): per graph and budget, the keep-set optimum
+  (``auto`` with ``general=False``) and the general ``auto`` (keep-set solvers, then the
+  cached-op search from the keep-set result and, where no keep-set schedule fits, the
+  nested search): objective, status, bound; and per graph the smallest peak of each space;
+* a deep chain (32 x Linear(256, 256) + ReLU, batch 4096): the smallest whole-step budget
+  of each space, and a plan at 0.75x the keep-set one, measured;
+* conv nets from the zoo (VGG, ResNet): keep-set against general at several budgets, the
+  general plans measured (peak against prediction, gradients against the original).
+
+Usage::
+
+    python benchmarks/general_space.py --time-limit 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import chkpt_opt  # noqa: E402
+from chkpt_opt import zoo  # noqa: E402
+from chkpt_opt.graphs.io import load_graph  # noqa: E402
+from chkpt_opt.measure import measure_step  # noqa: E402
+from chkpt_opt.schedule import Schedule  # noqa: E402
+from chkpt_opt.simulate import simulate  # noqa: E402
+from chkpt_opt.solvers import get_solver  # noqa: E402
+
+BUDGETS = (0.9, 0.7, 0.5, 0.3)
+
+
+def _row(result) -> dict:  # noqa: ANN001
+    return {
+        "status": result.status.value,
+        "objective_s": result.objective,
+        "bound_s": result.bound,
+        "peak_bytes": result.peak_bytes,
+        "space": result.stats.get("space", "keep_set"),
+        "nested": len(result.schedule.nested),
+        "cached": len(result.schedule.saved),
+    }
+
+
+def corpus(time_limit_s: float, out: Path, max_ops: int) -> list[dict]:
+    rows = []
+    for path in sorted((ROOT / "graphs").glob("*.json")):
+        graph = load_graph(path)
+        if graph.number_of_nodes() > max_ops:
+            continue
+        keep_all = simulate(graph, Schedule()).peak_bytes
+        mins = {}
+        for space, general in (("keep_set", False), ("general", True)):
+            solver = get_solver("auto", general=general)
+            mins[space] = solver(graph, 0, time_limit_s=time_limit_s).peak_bytes
+        for fraction in BUDGETS:
+            budget = int(keep_all * fraction)
+            row = {"graph": path.stem, "nodes": graph.number_of_nodes(), "fraction": fraction}
+            for space, general in (("keep_set", False), ("general", True)):
+                start = time.perf_counter()
+                result = get_solver("auto", general=general)(
+                    graph, budget, time_limit_s=time_limit_s
+                )
+                row.update({f"{space}_{k}": v for k, v in _row(result).items()})
+                row[f"{space}_solve_s"] = round(time.perf_counter() - start, 2)
+                row[f"{space}_smallest_peak_fraction"] = round(mins[space] / keep_all, 4)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(out / "corpus.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
+class DeepChain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            *[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(32)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x).pow(2).mean()
+
+
+def _measured(model: nn.Module, args: tuple, kwargs: dict, plan) -> dict:  # noqa: ANN001
+    torch.manual_seed(1)
+    for p in model.parameters():
+        p.grad = None
+    measure_step(model, args, kwargs)
+    reference = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(1)
+    measured = measure_step(plan.apply(), args, kwargs).peak_bytes
+    equal = all(
+        (r is None and p.grad is None) or torch.equal(r, p.grad)
+        for r, p in zip(reference, model.parameters())
+    )
+    predicted = plan.profile.peak_bytes
+    return {
+        "measured_peak_bytes": measured,
+        "predicted_peak_bytes": predicted,
+        "prediction_error": round((predicted - measured) / measured, 5),
+        "grads_bitwise_equal": equal,
+    }
+
+
+def deep_chain(time_limit_s: float) -> dict:
+    torch.manual_seed(0)
+    model, x = DeepChain(), torch.randn(4096, 256)
+    graph = chkpt_opt.trace(model, (x,))
+    static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
+    resident = static.param_bytes + static.input_bytes
+    keep_min = get_solver("auto", general=False)(graph, 0, time_limit_s=time_limit_s).peak_bytes
+    gen_min = get_solver("auto")(graph, 0, time_limit_s=time_limit_s).peak_bytes
+    budget = int(0.75 * (keep_min + resident))
+    plan = chkpt_opt.plan(model, (x,), budget=budget, optimizer=None, time_limit_s=60)
+    out = {
+        "plain_step_bytes": simulate(graph, Schedule()).peak_bytes + resident,
+        "keep_set_smallest_step_bytes": keep_min + resident,
+        "general_smallest_step_bytes": gen_min + resident,
+        "budget_bytes": budget,
+        "status": plan.result.status.value,
+        "overhead": round(plan.profile.overhead, 4),
+        "nested_regions": len(plan.schedule.nested),
+        **_measured(model, (x,), {}, plan),
+    }
+    out["measured_step_bytes"] = out["measured_peak_bytes"] + resident
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def conv_nets(time_limit_s: float) -> list[dict]:
+    cases = {
+        "vgg": lambda: zoo.vgg(widths=(16, 32, 64, 128), convs_per_stage=3, image=32, batch=8),
+        "resnet": lambda: zoo.resnet(widths=(16, 32), blocks_per_stage=2, image=32, batch=8),
+    }
+    rows = []
+    for name, build in cases.items():
+        model, args, kwargs = build()
+        graph = chkpt_opt.trace(model, args, kwargs)
+        keep_all = simulate(graph, Schedule()).peak_bytes
+        static = chkpt_opt.plan(model, args, kwargs, budget=10**12, optimizer=None).static
+        resident = static.param_bytes + static.buffer_bytes + static.input_bytes
+        for fraction in (0.8, 0.6, 0.5, 0.45):
+            budget = int(keep_all * fraction)
+            keep = get_solver("auto", general=False)(graph, budget, time_limit_s=time_limit_s)
+            plan = chkpt_opt.plan(
+                model, args, kwargs, budget=budget + resident, optimizer=None,
+                time_limit_s=time_limit_s,
+            )
+            row = {
+                "model": name,
+                "fraction": fraction,
+                "keep_set": _row(keep),
+                "general": _row(plan.result),
+                **_measured(model, args, kwargs, plan),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--max-ops", type=int, default=320)
+    parser.add_argument("-o", type=Path, default=ROOT / "benchmarks/results/general_space")
+    args = parser.parse_args()
+    args.o.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(2)
+    results = {
+        "command": " ".join(["python", "benchmarks/general_space.py", *sys.argv[1:]]),
+        "torch": torch.__version__,
+        "deep_chain": deep_chain(args.time_limit),
+        "conv_nets": conv_nets(args.time_limit),
+    }
+    results["corpus_rows"] = len(corpus(args.time_limit, args.o, args.max_ops))
+    (args.o / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The solvers beyond keep-set (nested regions, cached ops): valid, never worse than their
+warm start, against brute force on tiny graphs, and the deep chain they exist for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import chkpt_opt
+from chkpt_opt.graphs.synthetic import chain_graph, random_dag
+from chkpt_opt.measure import measure_step
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import get_solver
+from chkpt_opt.solvers.reference.general_enumerate import general_optimum, general_smallest_peak
+from tests.conftest import assert_valid_result
+
+TINY = {
+    "chain4": lambda: chain_graph(4, activation_bytes=1000),
+    "dag4": lambda: random_dag(4, seed=0, skip_prob=0.4, max_inputs=3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_brute_force_general_optimum_is_at_most_the_keep_set_optimum(name: str) -> None:
+    graph = TINY[name]()
+    keep_all = simulate(graph, Schedule()).peak_bytes
+    keep_min = get_solver("enumerate")(graph, 0).peak_bytes
+    general_min = general_smallest_peak(graph)
+    assert general_min <= keep_min
+    for fraction in (1.0, 0.9, 0.8):
+        budget = int(keep_all * fraction)
+        keep = get_solver("enumerate")(graph, budget)
+        best = general_optimum(graph, budget)
+        if keep.feasible:
+            assert best is not None and best[1].recompute_s <= keep.objective + 1e-15
+        for solver in ("nested", "cached"):
+            result = get_solver(solver)(graph, budget, time_limit_s=10)
+            assert_valid_result(graph, result, budget)
+            if result.feasible:
+                assert best is not None
+                assert result.objective >= best[1].recompute_s - 1e-15, solver
+
+
+@pytest.mark.parametrize("budget_fraction", [0.7, 0.5])
+def test_cached_search_is_never_worse_than_its_warm_start(budget_fraction: float) -> None:
+    graph = random_dag(24, seed=1)
+    budget = int(simulate(graph, Schedule()).peak_bytes * budget_fraction)
+    start = get_solver("greedy")(graph, budget)
+    result = get_solver("cached", warm_start=start.schedule)(graph, budget, time_limit_s=10)
+    assert_valid_result(graph, result, budget)
+    if start.feasible:
+        assert result.feasible and result.objective <= start.objective + 1e-15
+    else:
+        assert result.peak_bytes <= start.peak_bytes
+
+
+def test_nested_schedules_go_below_the_smallest_keep_set_peak_of_a_chain() -> None:
+    graph = chain_graph(32, activation_bytes=1 << 20)
+    keep_min = get_solver("auto")(graph, 0, time_limit_s=20).peak_bytes
+    nested = get_solver("nested")(graph, int(0.8 * keep_min), time_limit_s=20)
+    assert nested.feasible, (nested.peak_bytes, keep_min)
+    assert nested.schedule.nested
+
+
+class DeepChain(nn.Module):
+    """32 x (Linear(256, 256) + ReLU): activations dwarf the parameters at batch 4096."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            *[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(32)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x).pow(2).mean()
+
+
+def test_deep_chain_plans_at_three_quarters_of_the_smallest_keep_set_budget() -> None:
+    torch.manual_seed(0)
+    model, x = DeepChain(), torch.randn(4096, 256)
+    graph = chkpt_opt.trace(model, (x,))
+    keep_set_min = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
+    static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
+    resident = static.param_bytes + static.input_bytes
+    budget = int(0.75 * (keep_set_min + resident))
+    plan = chkpt_opt.plan(model, (x,), budget=budget, optimizer=None, time_limit_s=60)
+    assert plan.result.feasible and plan.schedule.nested
+    optimized = plan.apply()
+    torch.manual_seed(1)
+    for p in model.parameters():
+        p.grad = None
+    measure_step(model, (x,))
+    reference = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    measured = measure_step(optimized, (x,)).peak_bytes
+    assert measured + resident <= budget
+    assert abs(measured - plan.profile.peak_bytes) <= 0.03 * measured
+    assert all(torch.equal(r, p.grad) for r, p in zip(reference, model.parameters()))
