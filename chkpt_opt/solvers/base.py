@@ -8,7 +8,7 @@ count, never a model, so it runs on exported graph files.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -88,6 +88,15 @@ class SolveResult:
         if self.objective <= 0:
             return 0.0
         return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+def best_of(results: Sequence[SolveResult]) -> SolveResult:
+    """The cheapest result that fits (ties: the lower peak, then the earlier), else the
+    lowest-peak one (ties: the cheaper, then the earlier)."""
+    feasible = [r for r in results if r.feasible]
+    if feasible:
+        return min(feasible, key=lambda r: (r.objective, r.peak_bytes))
+    return min(results, key=lambda r: (r.peak_bytes, r.objective))
 
 
 class Solver(Protocol):
