@@ -26,7 +26,13 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph, save_graph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers import SolveResult, SolveStatus, available_solvers, get_solver
+from chkpt_opt.solvers import (
+    SolveResult,
+    SolveStatus,
+    available_solvers,
+    get_solver,
+    smallest_peak,
+)
 
 __version__ = "0.1.0"
 
@@ -37,7 +43,6 @@ _LAZY = {
     "apply": "chkpt_opt.api",
     "optimize": "chkpt_opt.api",
     "plan": "chkpt_opt.api",
-    "smallest_peak": "chkpt_opt.api",
     "solve": "chkpt_opt.api",
     "trace": "chkpt_opt.api",
     "ValidationReport": "chkpt_opt.validate",

@@ -39,7 +39,7 @@ from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers import SolveResult, get_solver
+from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +136,6 @@ def solve(
     """
     _, _, act = activation_budget(graph, budget, optimizer=optimizer)
     return get_solver(solver, **settings)(graph, act, time_limit_s=time_limit_s)
-
-
-def smallest_peak(graph: CostGraph, *, time_limit_s: float | None = None) -> SolveResult:
-    """The lowest-peak schedule the available solvers find (asked for a budget of 0 bytes)."""
-    return get_solver("auto")(graph, 0, time_limit_s=time_limit_s)
 
 
 @dataclass

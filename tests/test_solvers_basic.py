@@ -74,3 +74,17 @@ def test_solve_subtracts_resident_memory() -> None:
     tight = chkpt_opt.solve(g, keep + 1499, optimizer="adamw")
     assert tight.feasible and tight.objective > 0
     assert chkpt_opt.solve(g, keep + 500, optimizer=None).objective == 0
+
+
+def test_smallest_peak_is_one_quantity() -> None:
+    from chkpt_opt.api import smallest_peak as api_smallest_peak
+    from chkpt_opt.solvers import smallest_peak
+    from chkpt_opt.solvers.reference.bounds import min_feasible_budget
+
+    assert chkpt_opt.smallest_peak is smallest_peak is api_smallest_peak
+    g = random_dag(12, seed=4, skip_prob=0.5, max_inputs=3)
+    lowest = smallest_peak(g)
+    low = min_feasible_budget(g)
+    assert (low.peak_bytes, low.schedule) == (lowest.peak_bytes, lowest.schedule)
+    assert low.proven and lowest.stats["min_feasible_proven"] is True
+    assert low.lower_bound_bytes == low.peak_bytes

@@ -137,6 +137,15 @@ class AutoSolver:
             timed_out = any(r.status == SolveStatus.TIMED_OUT for r in results)
             status = SolveStatus.TIMED_OUT if timed_out else status
         stats = dict(best.stats)
+        if not best.feasible and not stats.get("min_feasible_proven"):
+            # A heuristic may tie with the exact solver's lowest peak: keep the proof.
+            proof = next((r for r in results if _proves_min_peak(r, best.peak_bytes)), None)
+            if proof is not None:
+                stats.update(
+                    min_feasible_bytes=best.peak_bytes,
+                    min_feasible_proven=True,
+                    min_feasible_lower_bytes=best.peak_bytes,
+                )
         stats["tried"] = {r.solver: r.status.value for r in results}
         stats["chosen"] = best.solver
         if errors:
@@ -151,6 +160,13 @@ class AutoSolver:
             stats=stats,
             proves_infeasible=status == SolveStatus.INFEASIBLE and proven_infeasible,
         )
+
+
+def _proves_min_peak(result: SolveResult, peak_bytes: int) -> bool:
+    """Whether ``result`` proves that no schedule peaks below ``peak_bytes``."""
+    return bool(result.stats.get("min_feasible_proven")) and (
+        result.stats.get("min_feasible_bytes") == peak_bytes
+    )
 
 
 def _is_chain(graph: CostGraph) -> bool:
