@@ -1,5 +1,13 @@
 """The public API: trace, solve, simulate, plan, optimize.
 
+Units: a solver (``get_solver(name)(graph, bytes)``) takes and reports activation bytes, the
+bytes created during the forward and backward passes, which is what
+``simulate(graph, schedule).peak_bytes`` reports. :func:`solve` and :func:`plan` take the
+budget of the whole training step; their results carry the activation figures under the
+same names (``peak_bytes``, ``budget_bytes``) and the whole-step figures beside them
+(``step_budget_bytes``, ``resident_bytes``, ``step_peak_bytes``), as does
+:func:`simulate_step`.
+
 Example:
     >>> import torch, chkpt_opt
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
@@ -117,6 +125,68 @@ def activation_budget(
     return parsed, static, split_budget(parsed, static)
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepSolveResult(SolveResult):
+    """What :func:`solve` returns: the solver's :class:`~chkpt_opt.solvers.SolveResult`, in
+    activation bytes as every solver reports them (``peak_bytes``: the simulated
+    forward/backward peak, ``simulate(graph, result.schedule).peak_bytes``;
+    ``budget_bytes``: what the solver was given), with the whole step's figures beside them.
+
+    Attributes:
+        step_budget_bytes: the whole-step budget asked for.
+        resident_bytes: bytes resident through the whole step (parameters, buffers, inputs,
+            optimizer state); ``budget_bytes == step_budget_bytes - resident_bytes``.
+        step_peak_bytes: predicted peak of the whole step under ``schedule``
+            (:meth:`~chkpt_opt.budget.StaticMemory.step_peak_bytes` of ``peak_bytes``).
+        static: the resident memory in parts, and the optimizer phase.
+    """
+
+    step_budget_bytes: int
+    resident_bytes: int
+    step_peak_bytes: int
+    static: StaticMemory
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """What :func:`simulate_step` returns: the simulator's profile (activation bytes) with the
+    whole step's figures beside it.
+
+    Attributes:
+        profile: ``simulate(graph, schedule)``: the forward/backward timeline and cost.
+        resident_bytes: bytes resident through the whole step (see :class:`StepSolveResult`).
+        step_peak_bytes: the whole step's peak: resident bytes plus the larger of
+            ``peak_bytes`` and the optimizer phase.
+        static: the resident memory in parts, and the optimizer phase.
+    """
+
+    profile: MemoryProfile
+    resident_bytes: int
+    step_peak_bytes: int
+    static: StaticMemory
+
+    @property
+    def peak_bytes(self) -> int:
+        """The forward/backward (activation) peak: ``profile.peak_bytes``, the quantity the
+        solvers take and report."""
+        return self.profile.peak_bytes
+
+
+def simulate_step(
+    graph: CostGraph, schedule: Schedule, *, optimizer: OptimizerArg = "adamw"
+) -> StepProfile:
+    """:func:`~chkpt_opt.simulate.simulate` of ``schedule``, with the whole step's peak for
+    ``optimizer`` (a name, an optimizer instance, or None for no optimizer state)."""
+    profile = simulate(graph, schedule)
+    static = static_memory_for(graph, optimizer)
+    return StepProfile(
+        profile=profile,
+        resident_bytes=static.resident_bytes,
+        step_peak_bytes=static.step_peak_bytes(profile.peak_bytes),
+        static=static,
+    )
+
+
 def solve(
     graph: CostGraph,
     budget: int | str | Budget,
@@ -125,17 +195,26 @@ def solve(
     time_limit_s: float | None = None,
     optimizer: OptimizerArg = "adamw",
     **settings: Any,
-) -> SolveResult:
+) -> StepSolveResult:
     """Finds a schedule of ``graph`` for a whole-step ``budget``.
 
     The resident memory (parameters, buffers, inputs, optimizer state) is subtracted first
-    (:func:`chkpt_opt.budget.split_budget`); the solver gets the rest.
+    (:func:`chkpt_opt.budget.split_budget`); the solver gets the rest, in activation bytes.
+    The result is the solver's, in those bytes, with the whole-step figures beside them
+    (:class:`StepSolveResult`).
 
     Raises:
         BudgetError: if the budget cannot be parsed or is below the resident memory.
     """
-    _, _, act = activation_budget(graph, budget, optimizer=optimizer)
-    return get_solver(solver, **settings)(graph, act, time_limit_s=time_limit_s)
+    parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
+    result = get_solver(solver, **settings)(graph, act, time_limit_s=time_limit_s)
+    return StepSolveResult(
+        **{f.name: getattr(result, f.name) for f in dataclasses.fields(SolveResult)},
+        step_budget_bytes=parsed.total_bytes,
+        resident_bytes=static.resident_bytes,
+        step_peak_bytes=static.step_peak_bytes(result.peak_bytes),
+        static=static,
+    )
 
 
 @dataclass
@@ -168,9 +247,7 @@ class Plan:
     def predicted_peak_bytes(self) -> int:
         """Predicted peak of the whole training step: resident memory plus the larger of the
         forward/backward peak and the optimizer phase."""
-        return self.static.resident_bytes + max(
-            self.profile.peak_bytes, self.static.optimizer_phase_bytes
-        )
+        return self.static.step_peak_bytes(self.profile.peak_bytes)
 
     def apply(self, *, for_compile: bool = False) -> torch.nn.Module:
         """Returns a new module that runs the schedule; it shares the model's parameters.
@@ -289,7 +366,7 @@ def plan(
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
         lowest = smallest_peak(graph, time_limit_s=left_s())
-        minimum = static.resident_bytes + max(lowest.peak_bytes, static.optimizer_phase_bytes)
+        minimum = static.step_peak_bytes(lowest.peak_bytes)
         proven = bool(lowest.stats.get("min_feasible_proven"))
         how = (
             "the smallest budget any schedule can meet"
