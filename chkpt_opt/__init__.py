@@ -26,19 +26,27 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph, save_graph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers import SolveResult, SolveStatus, available_solvers, get_solver
+from chkpt_opt.solvers import (
+    SolveResult,
+    SolveStatus,
+    available_solvers,
+    get_solver,
+    smallest_peak,
+)
 
 __version__ = "0.1.0"
 
 # Public names that import torch: name -> the module defining it, imported on first use.
 _LAZY = {
     "Plan": "chkpt_opt.api",
-    "activation_budget": "chkpt_opt.api",
+    "activation_budget": "chkpt_opt.whole_step",
     "apply": "chkpt_opt.api",
     "optimize": "chkpt_opt.api",
     "plan": "chkpt_opt.api",
-    "smallest_peak": "chkpt_opt.api",
-    "solve": "chkpt_opt.api",
+    "simulate_step": "chkpt_opt.whole_step",
+    "solve": "chkpt_opt.whole_step",
+    "StepProfile": "chkpt_opt.whole_step",
+    "StepSolveResult": "chkpt_opt.whole_step",
     "trace": "chkpt_opt.api",
     "ValidationReport": "chkpt_opt.validate",
     "validate": "chkpt_opt.validate",
@@ -79,6 +87,8 @@ __all__ = [
     "SolveStatus",
     "SolverError",
     "StaticMemory",
+    "StepProfile",
+    "StepSolveResult",
     "TraceError",
     "ValidationReport",
     "activation_budget",
@@ -93,6 +103,7 @@ __all__ = [
     "plan",
     "save_graph",
     "simulate",
+    "simulate_step",
     "smallest_peak",
     "solve",
     "trace",

@@ -1,5 +1,10 @@
 """The public API: trace, solve, simulate, plan, optimize.
 
+Units: solvers and the simulator count activation bytes (what the forward and backward
+passes create); :func:`solve` and :func:`plan` take the budget of the whole training step
+and report both (see :mod:`chkpt_opt.whole_step`, where :func:`solve`,
+:func:`simulate_step` and the budget split live).
+
 Example:
     >>> import torch, chkpt_opt
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
@@ -12,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,126 +25,42 @@ from typing import Any
 
 import torch
 
-from chkpt_opt.budget import (
-    Budget,
-    OptimizerSpec,
-    StaticMemory,
-    format_bytes,
-    graph_static_memory,
-    optimizer_spec,
-    parse_budget,
-    split_budget,
-    static_memory,
-)
+from chkpt_opt.budget import Budget, StaticMemory, format_bytes
 from chkpt_opt.codegen import apply_schedule
-from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
+from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers import SolveResult, get_solver
+from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
+from chkpt_opt.whole_step import (
+    OptimizerArg,
+    StepProfile,
+    StepSolveResult,
+    activation_budget,
+    simulate_step,
+    solve,
+    static_memory_for,
+)
+
+__all__ = [
+    "OptimizerArg",
+    "Plan",
+    "StepProfile",
+    "StepSolveResult",
+    "activation_budget",
+    "apply",
+    "optimize",
+    "plan",
+    "simulate_step",
+    "smallest_peak",
+    "solve",
+    "static_memory_for",
+    "trace",
+]
 
 log = logging.getLogger(__name__)
-
-OptimizerArg = str | torch.optim.Optimizer | None
-
-
-def _spec_of(optimizer: OptimizerArg) -> tuple[OptimizerSpec | None, bool | None]:
-    """The optimizer spec and ``foreach`` setting of a name or an optimizer instance."""
-    if optimizer is None or isinstance(optimizer, str):
-        return optimizer_spec(optimizer), None
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise BudgetError(
-            f"optimizer {optimizer!r} is neither a name, None, nor a torch.optim.Optimizer."
-        )
-    defaults = optimizer.defaults
-    foreach = defaults.get("foreach")
-    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        name = "adamw_amsgrad" if defaults.get("amsgrad") else "adamw"
-    elif isinstance(optimizer, torch.optim.SGD):
-        name = "sgd_momentum" if defaults.get("momentum", 0) else "sgd"
-    elif isinstance(optimizer, torch.optim.RMSprop):
-        name = "rmsprop"
-    elif isinstance(optimizer, torch.optim.Adagrad):
-        name = "adagrad"
-    else:
-        raise BudgetError(
-            f"chkpt_opt does not know the state size of {type(optimizer).__name__}; pass one of "
-            "the optimizer names ('adamw', 'adam', 'sgd', 'sgd_momentum', 'rmsprop', 'adagrad') "
-            "that matches it, or optimizer=None and leave room for its state in the budget."
-        )
-    return optimizer_spec(name), foreach
-
-
-def static_memory_for(graph: CostGraph, optimizer: OptimizerArg = "adamw") -> StaticMemory:
-    """The resident memory of a training step of ``graph`` with ``optimizer``.
-
-    A named optimizer is assumed to train every trainable parameter; an optimizer instance
-    is sized by the parameters of its own parameter groups.
-    """
-    spec, foreach = _spec_of(optimizer)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        return graph_static_memory(graph.graph, spec, foreach=foreach)
-    params = {
-        id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad
-    }.values()  # frozen parameters get no gradient, hence no state
-    sizes = [p.numel() * p.element_size() for p in params]
-    g = graph.graph
-    device = str(g.get("device_type", "cpu"))
-    static = static_memory(
-        param_bytes=g["param_bytes"],
-        trainable_param_bytes=sum(sizes),
-        buffer_bytes=g["buffer_bytes"],
-        input_bytes=g["input_bytes"],
-        n_trainable_tensors=len(sizes),
-        largest_param_bytes=max(sizes, default=0) or None,
-        optimizer=spec,
-        foreach=device in ("cuda", "meta") if foreach is None else foreach,
-    )
-    return dataclasses.replace(static, grad_bytes=g["trainable_param_bytes"])
-
-
-def _device_total_bytes(graph: CostGraph) -> int | None:
-    if graph.graph.get("device_type") == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-    return None
-
-
-def activation_budget(
-    graph: CostGraph, budget: int | str | Budget, *, optimizer: OptimizerArg = "adamw"
-) -> tuple[Budget, StaticMemory, int]:
-    """Parses a step budget and returns it with the resident memory and what remains for the
-    forward and backward passes (the budget a solver gets)."""
-    parsed = parse_budget(budget, device_total_bytes=_device_total_bytes(graph))
-    static = static_memory_for(graph, optimizer)
-    return parsed, static, split_budget(parsed, static)
-
-
-def solve(
-    graph: CostGraph,
-    budget: int | str | Budget,
-    *,
-    solver: str = "auto",
-    time_limit_s: float | None = None,
-    optimizer: OptimizerArg = "adamw",
-    **settings: Any,
-) -> SolveResult:
-    """Finds a schedule of ``graph`` for a whole-step ``budget``.
-
-    The resident memory (parameters, buffers, inputs, optimizer state) is subtracted first
-    (:func:`chkpt_opt.budget.split_budget`); the solver gets the rest.
-
-    Raises:
-        BudgetError: if the budget cannot be parsed or is below the resident memory.
-    """
-    _, _, act = activation_budget(graph, budget, optimizer=optimizer)
-    return get_solver(solver, **settings)(graph, act, time_limit_s=time_limit_s)
-
-
-def smallest_peak(graph: CostGraph, *, time_limit_s: float | None = None) -> SolveResult:
-    """The lowest-peak schedule the available solvers find (asked for a budget of 0 bytes)."""
-    return get_solver("auto")(graph, 0, time_limit_s=time_limit_s)
 
 
 @dataclass
@@ -173,9 +93,7 @@ class Plan:
     def predicted_peak_bytes(self) -> int:
         """Predicted peak of the whole training step: resident memory plus the larger of the
         forward/backward peak and the optimizer phase."""
-        return self.static.resident_bytes + max(
-            self.profile.peak_bytes, self.static.optimizer_phase_bytes
-        )
+        return self.static.step_peak_bytes(self.profile.peak_bytes)
 
     def apply(self, *, for_compile: bool = False) -> torch.nn.Module:
         """Returns a new module that runs the schedule; it shares the model's parameters.
@@ -294,7 +212,7 @@ def plan(
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
         lowest = smallest_peak(graph, time_limit_s=left_s())
-        minimum = static.resident_bytes + max(lowest.peak_bytes, static.optimizer_phase_bytes)
+        minimum = static.step_peak_bytes(lowest.peak_bytes)
         proven = bool(lowest.stats.get("min_feasible_proven"))
         how = (
             "the smallest budget any schedule can meet"

@@ -185,6 +185,21 @@ class StaticMemory:
             return 0
         return self.grad_bytes + self.optimizer_step_extra_bytes
 
+    def step_peak_bytes(self, peak_bytes: int) -> int:
+        """The peak of the whole training step when the forward and backward passes peak at
+        ``peak_bytes`` (what the solvers and the simulator report): the resident bytes plus
+        the larger of that peak and the optimizer phase. The inverse of
+        :func:`split_budget`: a schedule fits a step budget exactly when this is at most
+        the budget.
+
+        Example:
+            >>> s = StaticMemory(param_bytes=100, buffer_bytes=0, input_bytes=10,
+            ...                  optimizer_state_bytes=200, grad_bytes=100)
+            >>> s.step_peak_bytes(1000), s.step_peak_bytes(50)
+            (1310, 410)
+        """
+        return self.resident_bytes + max(peak_bytes, self.optimizer_phase_bytes)
+
 
 def split_budget(budget: Budget, static: StaticMemory) -> int:
     """Returns the bytes a schedule may use for the forward and backward passes.

@@ -4,6 +4,7 @@ without torch."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,32 @@ def test_solver_layers_point_one_way() -> None:
         looks_up = "get_solver(" in path.read_text()
         if looks_up and not name.endswith((".auto", ".registry")):
             assert name.startswith("chkpt_opt.solvers.reference."), f"{name} looks solvers up"
+
+
+def _registering(modules: dict[str, Path]) -> set[str]:
+    """The modules that register a solver (``@register(...)`` on a class)."""
+    return {
+        name
+        for name, path in modules.items()
+        if re.search(r"^@register\(", path.read_text(), re.MULTILINE)
+    }
+
+
+def test_only_auto_composes_solvers() -> None:
+    """No module but auto imports a registered solver's module: a registered solver never
+    runs another one (as a fallback or an incumbent); shared heuristics and searches live in
+    unregistered modules (``greedy_sweep``, ``block_search``, ``pruned_search``)."""
+    modules = _modules()
+    registering = _registering(modules)
+    assert {"chkpt_opt.solvers.greedy", "chkpt_opt.solvers.pruned"} <= registering
+    for name, path in modules.items():
+        if name == "chkpt_opt.solvers.auto":
+            continue
+        composed = _imports(name, path, modules) & registering
+        assert not composed, (
+            f"{name} imports the registered solver modules {sorted(composed)}; move what it "
+            "needs into an unregistered module, and leave choosing among solvers to auto"
+        )
 
 
 def test_cycle_finder_sees_lazy_imports(tmp_path: Path) -> None:

@@ -74,3 +74,40 @@ def test_solve_subtracts_resident_memory() -> None:
     tight = chkpt_opt.solve(g, keep + 1499, optimizer="adamw")
     assert tight.feasible and tight.objective > 0
     assert chkpt_opt.solve(g, keep + 500, optimizer=None).objective == 0
+
+
+def test_solve_reports_activation_bytes_with_the_whole_step_beside_them() -> None:
+    g = chain_graph(20, activation_bytes=1000)
+    g.graph.update(param_bytes=500, trainable_param_bytes=500)
+    keep = simulate(g, Schedule()).peak_bytes
+    for optimizer, resident in (("adamw", 1500), (None, 500)):
+        step_budget = resident + keep // 2
+        result = chkpt_opt.solve(g, step_budget, optimizer=optimizer)
+        assert isinstance(result, chkpt_opt.SolveResult)  # what callers got before
+        direct = get_solver("auto")(g, step_budget - resident)
+        assert result.budget_bytes == direct.budget_bytes == step_budget - resident
+        assert result.schedule == direct.schedule and result.status == direct.status
+        assert result.peak_bytes == simulate(g, result.schedule).peak_bytes == direct.peak_bytes
+        assert result.step_budget_bytes == step_budget and result.resident_bytes == resident
+        assert result.step_peak_bytes == result.static.step_peak_bytes(result.peak_bytes)
+        assert result.step_peak_bytes <= step_budget
+        step = chkpt_opt.simulate_step(g, result.schedule, optimizer=optimizer)
+        assert step.peak_bytes == step.profile.peak_bytes == result.peak_bytes
+        assert (step.resident_bytes, step.step_peak_bytes) == (resident, result.step_peak_bytes)
+    # The optimizer phase (gradients, AdamW temporaries) can set the step's peak.
+    static = chkpt_opt.solve(g, 10**6, optimizer="adamw").static
+    assert static.step_peak_bytes(0) == static.resident_bytes + static.optimizer_phase_bytes > 1500
+
+
+def test_smallest_peak_is_one_quantity() -> None:
+    from chkpt_opt.api import smallest_peak as api_smallest_peak
+    from chkpt_opt.solvers import smallest_peak
+    from chkpt_opt.solvers.reference.bounds import min_feasible_budget
+
+    assert chkpt_opt.smallest_peak is smallest_peak is api_smallest_peak
+    g = random_dag(12, seed=4, skip_prob=0.5, max_inputs=3)
+    lowest = smallest_peak(g)
+    low = min_feasible_budget(g)
+    assert (low.peak_bytes, low.schedule) == (lowest.peak_bytes, lowest.schedule)
+    assert low.proven and lowest.stats["min_feasible_proven"] is True
+    assert low.lower_bound_bytes == low.peak_bytes

@@ -67,7 +67,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         graph, args.budget, optimizer=optimizer_arg(args.optimizer)
     )
     result = get_solver(args.solver)(graph, act, time_limit_s=args.time_limit)
-    predicted = static.resident_bytes + max(result.peak_bytes, static.optimizer_phase_bytes)
+    predicted = static.step_peak_bytes(result.peak_bytes)
     data = {
         "status": result.status.value,
         "solver": result.solver,
@@ -78,6 +78,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
         "activation_budget_bytes": act,
         "peak_bytes": result.peak_bytes,
         "predicted_peak_bytes": predicted,
+        # The names chkpt_opt.solve's result uses (peak_bytes above is the activation peak).
+        "step_budget_bytes": budget.total_bytes,
+        "resident_bytes": static.resident_bytes,
+        "step_peak_bytes": predicted,
         "regions": len(result.schedule.regions),
         "solve_s": result.solve_s,
     }
@@ -112,7 +116,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if not result.feasible:
         print(
             f"no schedule found within the budget; the lowest peak reached was "
-            f"{format_bytes(static.resident_bytes + result.peak_bytes)}",
+            f"{format_bytes(predicted)}",
             file=sys.stderr,
         )
         return EXIT_INFEASIBLE

@@ -1,6 +1,34 @@
-"""Solvers: each a value found by name in the registry. No torch here."""
+"""Solvers: each a value found by name in the registry. No torch here.
 
+Units: a solver takes and reports activation bytes (what the forward and backward passes
+create, ``simulate(graph, schedule).peak_bytes``); ``chkpt_opt.solve`` takes a whole-step
+budget and reports both.
+"""
+
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import Solver, SolveResult, SolveStatus
 from chkpt_opt.solvers.registry import available_solvers, get_solver, register
 
-__all__ = ["SolveResult", "SolveStatus", "Solver", "available_solvers", "get_solver", "register"]
+
+def smallest_peak(graph: CostGraph, *, time_limit_s: float | None = None) -> SolveResult:
+    """The lowest-peak schedule the registered solvers find: ``auto`` asked for a budget of
+    0 bytes.
+
+    Its ``peak_bytes`` is the smallest activation budget they meet;
+    ``stats["min_feasible_proven"]`` says whether no schedule of the keep-set model has a
+    lower peak, and ``stats["min_feasible_lower_bytes"]`` is a proven lower bound where one
+    is known. (:func:`chkpt_opt.solvers.reference.bounds.min_feasible_budget` reads the
+    same result as a typed value.)
+    """
+    return get_solver("auto")(graph, 0, time_limit_s=time_limit_s)
+
+
+__all__ = [
+    "SolveResult",
+    "SolveStatus",
+    "Solver",
+    "available_solvers",
+    "get_solver",
+    "register",
+    "smallest_peak",
+]

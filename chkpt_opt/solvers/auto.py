@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import cut_positions
-from chkpt_opt.solvers.base import SolveResult, SolveStatus
+from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
 from chkpt_opt.solvers.blocks import find_blocks
 from chkpt_opt.solvers.chain_cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
@@ -44,14 +44,6 @@ from chkpt_opt.solvers.registry import get_solver, register
 PRUNED_MAX_OPS = 600
 """Largest graph ``auto`` gives the pruned every-cut solver (it covers the 586-op gpt_large,
 proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incumbent)."""
-
-
-def best_result(results: list[SolveResult]) -> SolveResult:
-    """The cheapest feasible result, else the lowest-peak one."""
-    feasible = [r for r in results if r.feasible]
-    if feasible:
-        return min(feasible, key=lambda r: (r.objective, r.peak_bytes))
-    return min(results, key=lambda r: (r.peak_bytes, r.objective))
 
 
 def pick_exact(
@@ -134,7 +126,7 @@ class AutoSolver:
                 break
         if not results:
             raise SolverError(f"no solver could run on this graph: {errors}")
-        best = best_result(results)
+        best = best_of(results)
         bounds = [r.bound for r in results if r.bound is not None]
         bound = max(bounds) if bounds and best.feasible else best.bound
         status = best.status
@@ -145,6 +137,15 @@ class AutoSolver:
             timed_out = any(r.status == SolveStatus.TIMED_OUT for r in results)
             status = SolveStatus.TIMED_OUT if timed_out else status
         stats = dict(best.stats)
+        if not best.feasible and not stats.get("min_feasible_proven"):
+            # A heuristic may tie with the exact solver's lowest peak: keep the proof.
+            proof = next((r for r in results if _proves_min_peak(r, best.peak_bytes)), None)
+            if proof is not None:
+                stats.update(
+                    min_feasible_bytes=best.peak_bytes,
+                    min_feasible_proven=True,
+                    min_feasible_lower_bytes=best.peak_bytes,
+                )
         stats["tried"] = {r.solver: r.status.value for r in results}
         stats["chosen"] = best.solver
         if errors:
@@ -159,6 +160,13 @@ class AutoSolver:
             stats=stats,
             proves_infeasible=status == SolveStatus.INFEASIBLE and proven_infeasible,
         )
+
+
+def _proves_min_peak(result: SolveResult, peak_bytes: int) -> bool:
+    """Whether ``result`` proves that no schedule peaks below ``peak_bytes``."""
+    return bool(result.stats.get("min_feasible_proven")) and (
+        result.stats.get("min_feasible_bytes") == peak_bytes
+    )
 
 
 def _is_chain(graph: CostGraph) -> bool:

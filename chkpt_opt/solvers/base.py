@@ -2,13 +2,16 @@
 
 A solver is a value: a frozen dataclass holding its settings, called as
 ``solver(graph, budget_bytes, time_limit_s=...)``. It sees only a CostGraph and a byte
-count, never a model, so it runs on exported graph files.
+count, never a model, so it runs on exported graph files. The bytes are activation bytes,
+what the forward and backward passes create (``simulate(graph, schedule).peak_bytes``), in
+the budget it takes and the peak it reports; the whole step's figures are
+``chkpt_opt.solve``'s.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,9 +44,11 @@ class SolveResult:
         status: see :class:`SolveStatus`.
         objective: extra compute of ``schedule``, in estimated seconds of recomputation.
         bound: a proven lower bound on the objective of any schedule that fits, or None.
-        peak_bytes: simulated peak of ``schedule`` (forward and backward, without the
-            resident memory).
-        budget_bytes: the budget the solver was given.
+        peak_bytes: simulated peak of ``schedule`` in activation bytes (forward and
+            backward, without the resident memory): ``simulate(graph, schedule).peak_bytes``.
+        budget_bytes: the activation budget the solver was given (the same bytes; a
+            whole-step budget minus the resident memory, see
+            :func:`chkpt_opt.budget.split_budget`).
         solver: the solver's name.
         solve_s: wall-clock seconds spent solving.
         stats: solver-specific numbers (candidates tried, nodes explored, ...).
@@ -88,6 +93,15 @@ class SolveResult:
         if self.objective <= 0:
             return 0.0
         return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+def best_of(results: Sequence[SolveResult]) -> SolveResult:
+    """The cheapest result that fits (ties: the lower peak, then the earlier), else the
+    lowest-peak one (ties: the cheaper, then the earlier)."""
+    feasible = [r for r in results if r.feasible]
+    if feasible:
+        return min(feasible, key=lambda r: (r.objective, r.peak_bytes))
+    return min(results, key=lambda r: (r.peak_bytes, r.objective))
 
 
 class Solver(Protocol):

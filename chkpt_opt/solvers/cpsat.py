@@ -16,7 +16,7 @@ from chkpt_opt.solvers.flat import solve_flat
 from chkpt_opt.solvers.interval_program import IntervalProgram
 from chkpt_opt.solvers.judge import Outcome
 from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
-from chkpt_opt.solvers.pruned import PrunedSolver
+from chkpt_opt.solvers.pruned_search import PrunedSearch
 from chkpt_opt.solvers.registry import register
 
 
@@ -35,7 +35,7 @@ class CpSatSolver:
             the status is never ``optimal``); None: always every cut.
         warm_start: hint the greedy schedule.
         prune: on graphs with more than ``max_positions`` allowed cuts, solve over every cut
-            after exact pruning (:class:`~chkpt_opt.solvers.pruned.PrunedSolver` with CP-SAT
+            after exact pruning (:class:`~chkpt_opt.solvers.pruned_search.PrunedSearch` with CP-SAT
             as its engine and these settings) instead of over a subset of cuts.
     """
 
@@ -51,7 +51,7 @@ class CpSatSolver:
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
         settings = {"seed": self.seed, "workers": self.workers, "formulation": self.formulation}
-        pruned = PrunedSolver(backend="cpsat", warm_start=self.warm_start, **settings)
+        pruned = PrunedSearch(backend="cpsat", warm_start=self.warm_start, **settings)
         return solve_flat(
             self.name,
             graph,

@@ -57,8 +57,9 @@ tensors but never runs its backward (its tensors live to the end of the step, ac
 piece), and graphs whose byte totals would overflow 62-bit integers.
 
 This module holds the DP and the registered solver; the cut set is
-:mod:`~chkpt_opt.solvers.chain_cuts`, the chain model (pieces, states, evaluation)
-:mod:`~chkpt_opt.solvers.chain_model`, its range maxima and replays
+:mod:`~chkpt_opt.solvers.chain_cuts`, the chain's layout (slots, crossing and internal
+storages, region data) :mod:`~chkpt_opt.solvers.chain_layout`, the pieces, states and their
+evaluation :mod:`~chkpt_opt.solvers.chain_model`, range maxima and replays
 :mod:`~chkpt_opt.solvers.chain_replay`.
 """
 
@@ -75,9 +76,9 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
-from chkpt_opt.solvers.chain_model import MAX_TOTAL, OUTSIDE, REGION, ChainModel, Key
+from chkpt_opt.solvers.chain_layout import MAX_TOTAL
+from chkpt_opt.solvers.chain_model import OUTSIDE, REGION, ChainModel, Key
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
-from chkpt_opt.solvers.greedy import GreedySolver
 from chkpt_opt.solvers.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 
@@ -306,21 +307,20 @@ class DpChainSolver:
                 schedule, profile = _judged(graph, chain, outcome.spans)
                 optimal = chain.complete
                 proven_infeasible = False
-        except DeadlineExceeded:
+        except DeadlineExceeded as err:
+            # What the DP proved by then is nothing: say so, and return the keep-all schedule
+            # (which does not fit). Falling back to another solver is auto's job.
             stats["timed_out"] = True
-            fallback = GreedySolver()(graph, budget_bytes)
-            stats["chosen_from"] = fallback.solver
+            stats["reason"] = str(err)
             result = result_from_profile(
-                fallback.schedule,
-                simulate(graph, fallback.schedule),
+                Schedule(),
+                simulate(graph, Schedule()),
                 budget_bytes=budget_bytes,
                 solver=self.name,
                 solve_s=deadline.elapsed_s(),
                 stats=stats,
             )
-            if not result.feasible:
-                return _replace_status(result, SolveStatus.TIMED_OUT)
-            return result
+            return dataclasses.replace(result, status=SolveStatus.TIMED_OUT)
         stats["dp_s"] = deadline.elapsed_s() - build_s
         return result_from_profile(
             schedule,
@@ -341,10 +341,6 @@ def _dp_stats(outcome: DpOutcome) -> dict[str, int]:
         "largest_front": outcome.largest_front,
         "evaluations": outcome.evaluations,
     }
-
-
-def _replace_status(result: SolveResult, status: SolveStatus) -> SolveResult:
-    return dataclasses.replace(result, status=status)
 
 
 def _judged(

@@ -131,6 +131,10 @@ class EnumerateSolver:
         if evaluated:
             lowest = min(evaluated, key=lambda e: (e.peak_bytes, e.recompute_s, e.spans))
             stats["min_peak_bytes"] = lowest.peak_bytes
+            if best is None:  # recorded as the other exact solvers record it
+                stats["min_feasible_bytes"] = lowest.peak_bytes
+                stats["min_feasible_proven"] = complete
+                stats["min_feasible_lower_bytes"] = lowest.peak_bytes if complete else None
         chosen = best or (lowest if evaluated else Evaluated((), 0, 0.0))
         schedule = Schedule.from_spans(graph, list(chosen.spans))
         profile: MemoryProfile = simulate(graph, schedule)

@@ -1,9 +1,10 @@
 """What the flat front-ends (``cpsat``, ``milp``) share: from a graph to a judged result.
 
-Keep-all when it fits; above ``max_positions`` allowed cuts, the pruned every-cut solver
-with the caller's engine settings; otherwise the interval program over every cut (or a
-candidate subset), the greedy warm start, the engine, the lowest-peak search when the
-engine proves the budget infeasible, and the simulator's judgement.
+Keep-all when it fits; above ``max_positions`` allowed cuts, the pruned every-cut search
+(:mod:`~chkpt_opt.solvers.pruned_search`) with the caller's engine settings; otherwise the
+interval program over every cut (or a candidate subset), the greedy warm start, the engine,
+the lowest-peak search when the engine proves the budget infeasible, and the simulator's
+judgement.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from chkpt_opt.solvers.interval_program import IntervalProgram
 from chkpt_opt.solvers.judge import Outcome, finish, record_lowest
 from chkpt_opt.solvers.lowest_peak import lowest_peak
 from chkpt_opt.solvers.prepare import candidate_positions, keep_all_result, prepare
-from chkpt_opt.solvers.pruned import PrunedSolver
+from chkpt_opt.solvers.pruned_search import PrunedSearch
 from chkpt_opt.solvers.warm_start import warm_start
 
 Engine = Callable[[IntervalProgram, int, "list[int] | None", Deadline], Outcome]
@@ -34,7 +35,7 @@ def solve_flat(
     deadline: Deadline,
     engine: Engine,
     max_positions: int | None,
-    pruned: PrunedSolver | None,
+    pruned: PrunedSearch | None,
     warm_start_hint: bool,
     lowest_settings: Mapping[str, Any],
 ) -> SolveResult:
@@ -47,8 +48,8 @@ def solve_flat(
         deadline: the solve's deadline.
         engine: the engine, settings bound.
         max_positions: see :func:`~chkpt_opt.solvers.prepare.candidate_positions`.
-        pruned: the pruned solver for graphs above ``max_positions`` (None: solve over a
-            candidate subset of cuts instead).
+        pruned: the pruned search for graphs above ``max_positions`` (None: solve over a
+            candidate subset of cuts instead); its result is marked ``pruned`` in its stats.
         warm_start_hint: give the engine the greedy schedule as a hint.
         lowest_settings: CP-SAT settings of the lowest-peak search (seed, workers,
             formulation).
@@ -57,7 +58,12 @@ def solve_flat(
     if trivial is not None:
         return trivial
     if pruned is not None and candidate_positions(graph, max_positions=max_positions):
-        return pruned.solve_as(name, graph, budget_bytes, deadline)
+        result = pruned.search(
+            graph, budget_bytes, deadline=Deadline.after(deadline.remaining_s()), solver=name
+        )
+        return dataclasses.replace(
+            result, solve_s=deadline.elapsed_s(), stats={**result.stats, "pruned": True}
+        )
     prepared = prepare(graph, max_positions=max_positions)
     fallback, hint_ids = warm_start(graph, budget_bytes, prepared.model, time_limit_s=None)
     outcome = engine(

@@ -15,7 +15,7 @@ from chkpt_opt.solvers.flat import solve_flat
 from chkpt_opt.solvers.interval_program import IntervalProgram
 from chkpt_opt.solvers.judge import Outcome
 from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
-from chkpt_opt.solvers.pruned import PrunedSolver
+from chkpt_opt.solvers.pruned_search import PrunedSearch
 from chkpt_opt.solvers.registry import register
 
 
@@ -30,7 +30,7 @@ class MilpSolver:
         max_positions: see :class:`~chkpt_opt.solvers.cpsat.CpSatSolver`.
         warm_start: hint the greedy schedule (where the backend takes hints).
         prune: on graphs with more than ``max_positions`` allowed cuts, solve over every cut
-            after exact pruning (:class:`~chkpt_opt.solvers.pruned.PrunedSolver` with this
+            after exact pruning (:class:`~chkpt_opt.solvers.pruned_search.PrunedSearch` with this
             backend and these settings) instead of over a subset of cuts. Measured on the
             corpus graphs of 184-298 ops: proven optimal in 60 s at budgets 0.9-0.3, where
             the subset gave no bound.
@@ -48,7 +48,7 @@ class MilpSolver:
     ) -> SolveResult:
         deadline = Deadline.after(time_limit_s)
         check_backend(self.backend)
-        pruned = PrunedSolver(backend=self.backend, seed=self.seed, warm_start=self.warm_start)
+        pruned = PrunedSearch(backend=self.backend, seed=self.seed, warm_start=self.warm_start)
         return solve_flat(
             self.name,
             graph,

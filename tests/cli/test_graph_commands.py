@@ -32,6 +32,9 @@ def test_trace_solve_simulate_show_round_trip(
     solved = json.loads(out)
     assert solved["status"] in ("optimal", "feasible")
     assert solved["predicted_peak_bytes"] <= 2_000_000
+    assert solved["step_peak_bytes"] == solved["predicted_peak_bytes"]
+    step_budget, resident = solved["step_budget_bytes"], solved["resident_bytes"]
+    assert step_budget - resident == solved["activation_budget_bytes"]
     assert solved["regions"] > 0
     code, out, _ = run(capsys, "simulate", str(graph_file), str(schedule), "--json", "--timeline")
     assert code == EXIT_OK
