@@ -428,11 +428,11 @@ def test_missing_and_directory_paths_are_refused(workdir: Path) -> None:
 
 
 HOSTILE_SCHEDULES: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "unknown version": (_set(("format_version",), 2), "format_version 2"),
+    "unknown version": (_set(("format_version",), 3), "format_version 3"),
     "other format": (_set(("format",), "chkpt_opt.costgraph"), "not a chkpt_opt schedule"),
     "no fingerprint": (_set(("graph",), {"name": "x"}), "graph.fingerprint"),
     "fingerprint not a string": (_set(("graph", "fingerprint"), 12), "graph.fingerprint"),
-    "other kind": (_set(("schedule", "kind"), "revolve"), '"kind": "keep_set"'),
+    "other kind": (_set(("schedule", "kind"), "revolve"), '"kind" one of'),
     "regions not a list": (_set(("schedule", "regions"), "abc"), "regions"),
     "empty region": (_set(("schedule", "regions"), [[]]), "regions"),
     "int node name": (_set(("schedule", "regions"), [[1]]), "regions"),

@@ -46,9 +46,16 @@ def test_every_registered_solver_keeps_the_contract(graph_name: str, fraction: f
     budget = int(simulate(graph, Schedule()).peak_bytes * fraction)
     results = _solve_all(graph, budget)
     assert {"keep_all", "greedy", "sqrt", "auto"} <= set(results)
-    feasible = [r.objective for r in results.values() if r.feasible]
+    # Proofs hold over keep-set schedules: they are checked against the results in that
+    # space; schedules beyond it (nested regions, cached ops) may do better.
+    keep_set = {n: r for n, r in results.items() if r.schedule.is_keep_set()}
+    feasible = [r.objective for r in keep_set.values() if r.feasible]
     best = min(feasible, default=None)
     for name, result in results.items():
+        if result.stats.get("space") == "general" or not result.schedule.is_keep_set():
+            assert result.bound is None and not result.proves_infeasible, name
+            assert result.status != SolveStatus.OPTIMAL, name
+            continue
         if result.proves_infeasible:
             assert not feasible, (name, "proved infeasible, but a schedule fits")
         if best is None:
@@ -61,5 +68,8 @@ def test_every_registered_solver_keeps_the_contract(graph_name: str, fraction: f
     auto = results["auto"]
     if feasible:
         assert auto.feasible
-    if any(r.proven for r in results.values()):
-        assert auto.proven, auto.stats.get("tried")
+    if any(r.proven for r in keep_set.values()):
+        if auto.schedule.is_keep_set():
+            assert auto.proven, auto.stats.get("tried")
+        else:  # beyond keep-set only when it beats the keep-set proof
+            assert auto.stats["keep_set"]["status"] in ("optimal", "infeasible")

@@ -23,6 +23,14 @@ proof (:attr:`~chkpt_opt.solvers.base.SolveResult.proven`: optimal, or infeasibl
 proof), whichever solver gave it. The best result wins (cheapest that fits, else lowest
 peak); its status is honest: ``optimal`` only when proven (a result that meets the best
 proven bound of any solver counts), ``feasible`` with the best bound otherwise.
+
+Beyond keep-set (``general=True``, the default): the proofs above hold over keep-set
+schedules (``stats["proofs_over"] == "keep_set"``). With the time left, the cached-op
+search starts from the keep-set result, and where no keep-set schedule fits, the nested
+(multi-level) search looks below the keep-set memory floor. A schedule from them wins only
+if it is better (cheaper while fitting, or a lower peak while nothing fits); it is then
+``feasible`` (or ``infeasible``) with no bound, since no bound is proven over the larger
+space, and ``stats["keep_set"]`` records the keep-set result it beat.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import cut_positions
+from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
 from chkpt_opt.solvers.blocks import find_blocks
 from chkpt_opt.solvers.chain_cuts import chain_cuts
@@ -82,6 +90,9 @@ class AutoSolver:
             graphs to the hierarchical solver.
         pruned_max_ops: see ``flat_max_positions``.
         default_time_limit_s: time limit of the exact solver when none is given.
+        general: also search schedules beyond keep-set (cached ops, nested regions).
+        keep_set_share: with ``general``, the share of the time limit for the keep-set
+            stages (the searches beyond keep-set get the rest).
     """
 
     solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
@@ -90,13 +101,26 @@ class AutoSolver:
     flat_max_positions: int | None = DEFAULT_MAX_POSITIONS
     pruned_max_ops: int = PRUNED_MAX_OPS
     default_time_limit_s: float = 60.0
+    general: bool = True
+    keep_set_share: float = 0.85
     name: str = "auto"
 
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
-        deadline = Deadline.after(limit)
+        whole = Deadline.after(limit)
+        deadline = whole.share(self.keep_set_share) if self.general else whole
+        keep, tried = self._keep_set(graph, budget_bytes, deadline)
+        if not self.general:
+            return keep
+        starts = [keep.schedule] + [r.schedule for r in tried if r.schedule != keep.schedule]
+        return _beyond_keep_set(graph, budget_bytes, keep, starts[:3], whole)
+
+    def _keep_set(
+        self, graph: CostGraph, budget_bytes: int, deadline: Deadline
+    ) -> tuple[SolveResult, list[SolveResult]]:
+        """The best keep-set result, with the results of every solver tried."""
         results: list[SolveResult] = []
         stages: list[list[str]] = [[name] for name in self.solvers]
         if self.exact:
@@ -150,7 +174,7 @@ class AutoSolver:
         stats["chosen"] = best.solver
         if errors:
             stats["errors"] = errors
-        return dataclasses.replace(
+        final = dataclasses.replace(
             best,
             status=status,
             bound=bound if status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE) else None,
@@ -160,6 +184,65 @@ class AutoSolver:
             stats=stats,
             proves_infeasible=status == SolveStatus.INFEASIBLE and proven_infeasible,
         )
+        return final, results
+
+
+def _improves(result: SolveResult, keep: SolveResult) -> bool:
+    if result.feasible:
+        return not keep.feasible or result.objective < keep.objective * (1 - 1e-9) - 1e-15
+    return not keep.feasible and result.peak_bytes < keep.peak_bytes
+
+
+def _beyond_keep_set(
+    graph: CostGraph,
+    budget_bytes: int,
+    keep: SolveResult,
+    starts: list[Schedule],
+    deadline: Deadline,
+) -> SolveResult:
+    """The keep-set result, or a better schedule beyond keep-set (see the module
+    docstring); the cached-op search starts from each of ``starts`` (the keep-set result's
+    schedule first)."""
+    keep_stats = dict(keep.stats, proofs_over="keep_set")
+    if keep.feasible and keep.objective <= 0.0:  # nothing is cheaper than no recompute
+        return dataclasses.replace(keep, stats=keep_stats)
+    searches = [get_solver("cached", warm_start=start) for start in starts]
+    if not keep.feasible:
+        searches.append(get_solver("nested"))
+    found = []
+    for k, search in enumerate(searches):
+        share = deadline.remaining_s()
+        if share is not None:
+            share /= len(searches) - k
+        found.append(search(graph, budget_bytes, time_limit_s=share))
+    keep_stats["beyond_keep_set"] = {f"{r.solver}#{k}": r.status.value for k, r in enumerate(found)}
+    better = [r for r in found if _improves(r, keep)]
+    if not better:
+        return dataclasses.replace(keep, stats=keep_stats, solve_s=deadline.elapsed_s())
+    best = best_of(better)
+    stats = dict(best.stats)
+    stats.update(
+        tried={**keep.stats.get("tried", {}), **keep_stats["beyond_keep_set"]},
+        chosen=best.solver,
+        beyond_keep_set=keep_stats["beyond_keep_set"],
+        keep_set={
+            "status": keep.status.value,
+            "objective_s": keep.objective,
+            "bound_s": keep.bound,
+            "peak_bytes": keep.peak_bytes,
+            "chosen": keep.stats.get("chosen"),
+        },
+    )
+    return dataclasses.replace(
+        best,
+        status=SolveStatus.FEASIBLE if best.feasible else SolveStatus.INFEASIBLE,
+        bound=None,
+        budget_bytes=budget_bytes,
+        solver=keep.solver,
+        solve_s=deadline.elapsed_s(),
+        stats=stats,
+        proves_infeasible=False,
+    )
 
 
 def _proves_min_peak(result: SolveResult, peak_bytes: int) -> bool:
