@@ -33,16 +33,17 @@ sys.path.insert(0, str(ROOT))
 
 import chkpt_opt  # noqa: E402
 from chkpt_opt import zoo  # noqa: E402
+from chkpt_opt.api import Plan  # noqa: E402
 from chkpt_opt.graphs.io import load_graph  # noqa: E402
 from chkpt_opt.measure import measure_step  # noqa: E402
 from chkpt_opt.schedule import Schedule  # noqa: E402
 from chkpt_opt.simulate import simulate  # noqa: E402
-from chkpt_opt.solvers import get_solver  # noqa: E402
+from chkpt_opt.solvers import SolveResult, get_solver  # noqa: E402
 
 BUDGETS = (0.9, 0.7, 0.5, 0.3)
 
 
-def _row(result) -> dict:  # noqa: ANN001
+def _row(result: SolveResult) -> dict:
     return {
         "status": result.status.value,
         "objective_s": result.objective,
@@ -96,7 +97,7 @@ class DeepChain(nn.Module):
         return self.layers(x).pow(2).mean()
 
 
-def _measured(model: nn.Module, args: tuple, kwargs: dict, plan) -> dict:  # noqa: ANN001
+def _measured(model: nn.Module, args: tuple, kwargs: dict, plan: Plan) -> dict:
     torch.manual_seed(1)
     for p in model.parameters():
         p.grad = None
@@ -160,7 +161,11 @@ def conv_nets(time_limit_s: float) -> list[dict]:
             budget = int(keep_all * fraction)
             keep = get_solver("auto", general=False)(graph, budget, time_limit_s=time_limit_s)
             plan = chkpt_opt.plan(
-                model, args, kwargs, budget=budget + resident, optimizer=None,
+                model,
+                args,
+                kwargs,
+                budget=budget + resident,
+                optimizer=None,
                 time_limit_s=time_limit_s,
             )
             row = {
