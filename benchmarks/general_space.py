@@ -155,7 +155,9 @@ def conv_nets(time_limit_s: float) -> list[dict]:
         model, args, kwargs = build()
         graph = chkpt_opt.trace(model, args, kwargs)
         keep_all = simulate(graph, Schedule()).peak_bytes
-        static = chkpt_opt.plan(model, args, kwargs, budget=10**12, optimizer=None).static
+        static = chkpt_opt.plan(
+            model, args, example_kwargs=kwargs, budget=10**12, optimizer=None
+        ).static
         resident = static.param_bytes + static.buffer_bytes + static.input_bytes
         for fraction in (0.8, 0.6, 0.5, 0.45):
             budget = int(keep_all * fraction)

@@ -193,6 +193,11 @@ def lower_to_layers(
     exact_profile = simulate(graph, schedule)
     lowered_profile = simulate(graph, lowered)
     notes: list[str] = []
+    if not schedule.is_keep_set():
+        notes.append(
+            "nested regions and cached ops have no per-layer setting; the lowering recomputes "
+            "whole layers"
+        )
     recomputed_outside = schedule.recomputed_nodes() - set(
         name
         for k in range(n)

@@ -151,6 +151,13 @@ def lower_to_sac(graph: CostGraph, schedule: Schedule, issued: dict[str, list[st
                 counts[op] += 1
         modules[f"{layers.container}.{k}"] = {op: tuple(v) for op, v in saved.items()}
     notes = []
+    if schedule.nested:
+        notes.append(
+            f"{len(schedule.nested)} nested regions are flattened: a per-layer policy "
+            "recomputes each wrapped layer as one region"
+        )
+    if schedule.saved:
+        notes.append(f"{len(schedule.saved)} cached ops are MUST_SAVE in their layer's policy")
     outside = [n for n in recomputed if n not in in_layers]
     if outside:
         notes.append(f"{len(outside)} recomputed ops lie outside the layers and are kept")

@@ -44,7 +44,7 @@ from chkpt_opt.schedule import (
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.greedy import GreedySolver
+from chkpt_opt.solvers.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.registry import register
 
 
@@ -147,7 +147,7 @@ class CachingSolver:
         deadline = Deadline.after(time_limit_s)
         current = self.warm_start
         if current is None:
-            current = GreedySolver()(graph, budget_bytes, time_limit_s=time_limit_s).schedule
+            current = greedy_sweep(graph, budget_bytes, time_limit_s=time_limit_s).schedule
         check_schedule(graph, current)
         allowed = cacheable_ops(graph)
         profile = simulate(graph, current, check=False)
