@@ -127,9 +127,12 @@ def deep_chain(time_limit_s: float) -> dict:
     static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
     resident = static.param_bytes + static.input_bytes
     keep_min = get_solver("auto", general=False)(graph, 0, time_limit_s=time_limit_s).peak_bytes
-    gen_min = get_solver("auto")(graph, 0, time_limit_s=time_limit_s).peak_bytes
+    general = get_solver("auto", general=True)
+    gen_min = general(graph, 0, time_limit_s=time_limit_s).peak_bytes
     budget = int(0.75 * (keep_min + resident))
-    plan = chkpt_opt.plan(model, (x,), budget=budget, optimizer=None, time_limit_s=60)
+    plan = chkpt_opt.plan(
+        model, (x,), budget=budget, optimizer=None, solver=general, time_limit_s=60
+    )
     out = {
         "plain_step_bytes": simulate(graph, Schedule()).peak_bytes + resident,
         "keep_set_smallest_step_bytes": keep_min + resident,
@@ -165,9 +168,10 @@ def conv_nets(time_limit_s: float) -> list[dict]:
             plan = chkpt_opt.plan(
                 model,
                 args,
-                kwargs,
+                example_kwargs=kwargs,
                 budget=budget + resident,
                 optimizer=None,
+                solver=get_solver("auto", general=True),
                 time_limit_s=time_limit_s,
             )
             row = {

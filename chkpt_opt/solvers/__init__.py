@@ -11,14 +11,14 @@ from chkpt_opt.solvers.registry import available_solvers, get_solver, register
 
 
 def smallest_peak(
-    graph: CostGraph, *, time_limit_s: float | None = None, general: bool = True
+    graph: CostGraph, *, time_limit_s: float | None = None, general: bool = False
 ) -> SolveResult:
     """The lowest-peak schedule the registered solvers find: ``auto`` asked for a budget of
     0 bytes.
 
-    Its ``peak_bytes`` is the smallest activation budget they meet; with ``general=False``
-    among keep-set schedules only. For a keep-set result, ``stats["min_feasible_proven"]``
-    says whether no keep-set schedule has a lower peak, and
+    Its ``peak_bytes`` is the smallest activation budget they meet, among keep-set
+    schedules unless ``general`` (then nested regions go lower). For a keep-set result,
+    ``stats["min_feasible_proven"]`` says whether no keep-set schedule has a lower peak, and
     ``stats["min_feasible_lower_bytes"]`` is a proven lower bound where one is known; a
     schedule beyond keep-set (nested regions) comes with no such proof.
     (:func:`chkpt_opt.solvers.reference.bounds.min_feasible_budget` reads the keep-set

@@ -24,13 +24,20 @@ proof), whichever solver gave it. The best result wins (cheapest that fits, else
 peak); its status is honest: ``optimal`` only when proven (a result that meets the best
 proven bound of any solver counts), ``feasible`` with the best bound otherwise.
 
-Beyond keep-set (``general=True``, the default): the proofs above hold over keep-set
-schedules (``stats["proofs_over"] == "keep_set"``). With the time left, the cached-op
+Beyond keep-set (``general=True``; off by default, see below): the proofs above hold over
+keep-set schedules (``stats["proofs_over"] == "keep_set"``). With the time left, the cached-op
 search starts from the keep-set result, and where no keep-set schedule fits, the nested
 (multi-level) search looks below the keep-set memory floor. A schedule from them wins only
 if it is better (cheaper while fitting, or a lower peak while nothing fits); it is then
 ``feasible`` (or ``infeasible``) with no bound, since no bound is proven over the larger
 space, and ``stats["keep_set"]`` records the keep-set result it beat.
+
+``general`` is off by default because codegen's nested regions and cached ops are not yet
+right in every case the keep-set path handles: explicit generators, models that write
+their inputs in place, a batch norm module used twice, and ``torch.compile`` of the
+eager optimized module (dynamo recurses through nested checkpoints) fail the hard-model
+tests with them. Random general schedules of the zoo and Hugging Face test models
+(dropout, batch norm, residuals, attention) run as predicted with bitwise gradients.
 """
 
 from __future__ import annotations
@@ -101,7 +108,7 @@ class AutoSolver:
     flat_max_positions: int | None = DEFAULT_MAX_POSITIONS
     pruned_max_ops: int = PRUNED_MAX_OPS
     default_time_limit_s: float = 60.0
-    general: bool = True
+    general: bool = False
     keep_set_share: float = 0.85
     name: str = "auto"
 
