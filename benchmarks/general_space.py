@@ -165,22 +165,25 @@ def conv_nets(time_limit_s: float) -> list[dict]:
         for fraction in (0.8, 0.6, 0.5, 0.45):
             budget = int(keep_all * fraction)
             keep = get_solver("auto", general=False)(graph, budget, time_limit_s=time_limit_s)
-            plan = chkpt_opt.plan(
-                model,
-                args,
-                example_kwargs=kwargs,
-                budget=budget + resident,
-                optimizer=None,
-                solver=get_solver("auto", general=True),
-                time_limit_s=time_limit_s,
-            )
+            general = get_solver("auto", general=True)
+            found = general(graph, budget, time_limit_s=time_limit_s)
             row = {
                 "model": name,
                 "fraction": fraction,
                 "keep_set": _row(keep),
-                "general": _row(plan.result),
-                **_measured(model, args, kwargs, plan),
+                "general": _row(found),
             }
+            if found.feasible:  # measure it: plan again (same graph, same solver)
+                plan = chkpt_opt.plan(
+                    model,
+                    args,
+                    example_kwargs=kwargs,
+                    budget=budget + resident,
+                    optimizer=None,
+                    solver=general,
+                    time_limit_s=time_limit_s,
+                )
+                row.update(_measured(model, args, kwargs, plan))
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows

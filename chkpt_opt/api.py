@@ -215,7 +215,7 @@ def plan(
         minimum = static.step_peak_bytes(lowest.peak_bytes)
         proven = bool(lowest.stats.get("min_feasible_proven"))
         how = (
-            "the smallest budget any schedule can meet"
+            "the smallest budget any keep-set schedule can meet"
             if proven
             else ("the smallest budget the available solvers can meet")
         )

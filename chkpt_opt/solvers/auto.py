@@ -25,12 +25,13 @@ peak); its status is honest: ``optimal`` only when proven (a result that meets t
 proven bound of any solver counts), ``feasible`` with the best bound otherwise.
 
 Beyond keep-set (``general=True``; off by default, see below): the proofs above hold over
-keep-set schedules (``stats["proofs_over"] == "keep_set"``). With the time left, the cached-op
-search starts from the keep-set result, and where no keep-set schedule fits, the nested
-(multi-level) search looks below the keep-set memory floor. A schedule from them wins only
-if it is better (cheaper while fitting, or a lower peak while nothing fits); it is then
-``feasible`` (or ``infeasible``) with no bound, since no bound is proven over the larger
-space, and ``stats["keep_set"]`` records the keep-set result it beat.
+keep-set schedules (``stats["proofs_over"] == "keep_set"``). With the time the keep-set
+stages left (and a few seconds of grace), the cached-op search starts from the keep-set
+results, and where no keep-set schedule fits, the nested (multi-level) search looks below
+the keep-set memory floor. A schedule from them wins only if it is better (cheaper while
+fitting, or a lower peak while nothing fits); it is then ``feasible`` (or ``infeasible``)
+with no bound, since no bound is proven over the larger space, and ``stats["keep_set"]``
+records the keep-set result it beat.
 
 ``general`` is off by default because codegen's nested regions and cached ops are not yet
 right in every case the keep-set path handles: explicit generators, models that write
@@ -98,8 +99,9 @@ class AutoSolver:
         pruned_max_ops: see ``flat_max_positions``.
         default_time_limit_s: time limit of the exact solver when none is given.
         general: also search schedules beyond keep-set (cached ops, nested regions).
-        keep_set_share: with ``general``, the share of the time limit for the keep-set
-            stages (the searches beyond keep-set get the rest).
+        general_grace_s: with ``general``, the searches beyond keep-set get the time the
+            keep-set stages left, and at least this many seconds (at most a fifth of the
+            limit) past it: the keep-set result is the same as without ``general``.
     """
 
     solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
@@ -109,20 +111,21 @@ class AutoSolver:
     pruned_max_ops: int = PRUNED_MAX_OPS
     default_time_limit_s: float = 60.0
     general: bool = False
-    keep_set_share: float = 0.85
+    general_grace_s: float = 3.0
     name: str = "auto"
 
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
-        whole = Deadline.after(limit)
-        deadline = whole.share(self.keep_set_share) if self.general else whole
+        deadline = Deadline.after(limit)
         keep, tried = self._keep_set(graph, budget_bytes, deadline)
         if not self.general:
             return keep
+        grace = min(self.general_grace_s, 0.2 * limit)
+        later = Deadline(deadline.start, max(deadline.elapsed_s() + grace, limit))
         starts = [keep.schedule] + [r.schedule for r in tried if r.schedule != keep.schedule]
-        return _beyond_keep_set(graph, budget_bytes, keep, starts[:3], whole)
+        return _beyond_keep_set(graph, budget_bytes, keep, starts[:3], later)
 
     def _keep_set(
         self, graph: CostGraph, budget_bytes: int, deadline: Deadline
