@@ -224,6 +224,21 @@ def cacheable_ops(graph: CostGraph) -> frozenset[str]:
     )
 
 
+def cache_candidates(graph: CostGraph, schedule: Schedule) -> list[str]:
+    """The ops of ``schedule``'s regions that their innermost region may cache (see
+    :func:`cacheable_ops` and :func:`caching_allowed`), in execution order."""
+    order = ordered_nodes(graph)
+    tree = region_tree(graph, schedule)
+    inner = innermost_regions(tree, len(order))
+    allowed = cacheable_ops(graph)
+    spans_ok = [caching_allowed(graph, r.start, r.stop) for r in tree]
+    return [
+        order[i]
+        for i in range(len(order))
+        if inner[i] >= 0 and order[i] in allowed and spans_ok[inner[i]]
+    ]
+
+
 def _writes_state(graph: CostGraph, node: str) -> bool:
     attrs = graph.nodes[node]
     return bool(attrs["is_inplace"] and attrs["is_stateful"])

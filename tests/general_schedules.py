@@ -7,11 +7,8 @@ import random
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import (
     Schedule,
-    cacheable_ops,
-    caching_allowed,
+    cache_candidates,
     cut_positions,
-    innermost_regions,
-    region_tree,
 )
 
 
@@ -43,15 +40,5 @@ def random_general_schedule(
             tuple(order[a:b]) for a, b in sorted(set(nested), key=lambda s: (s[0], -s[1]))
         ),
     )
-    tree = region_tree(graph, schedule)
-    inner = innermost_regions(tree, len(order))
-    allowed = cacheable_ops(graph)
-    saved = frozenset(
-        order[i]
-        for i in range(len(order))
-        if inner[i] >= 0
-        and order[i] in allowed
-        and caching_allowed(graph, tree[inner[i]].start, tree[inner[i]].stop)
-        and rng.random() < cache_share
-    )
+    saved = frozenset(n for n in cache_candidates(graph, schedule) if rng.random() < cache_share)
     return Schedule(regions=schedule.regions, nested=schedule.nested, saved=saved)

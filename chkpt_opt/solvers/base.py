@@ -95,9 +95,19 @@ class SolveResult:
         return max(0.0, (self.objective - self.bound) / self.objective)
 
 
+def rank(profile: MemoryProfile, budget_bytes: int) -> tuple[int, float, float]:
+    """Smaller is better: a simulated schedule that fits first, then the cheaper (ties: the
+    lower peak); among those that do not fit, the lower peak (ties: the cheaper)."""
+    peak_bytes, recompute_s = profile.peak_bytes, profile.recompute_s
+    if peak_bytes <= budget_bytes:
+        return (0, recompute_s, float(peak_bytes))
+    return (1, float(peak_bytes), recompute_s)
+
+
 def best_of(results: Sequence[SolveResult]) -> SolveResult:
     """The cheapest result that fits (ties: the lower peak, then the earlier), else the
-    lowest-peak one (ties: the cheaper, then the earlier)."""
+    lowest-peak one (ties: the cheaper, then the earlier): :func:`rank`, with fitting read
+    from the status."""
     feasible = [r for r in results if r.feasible]
     if feasible:
         return min(feasible, key=lambda r: (r.objective, r.peak_bytes))

@@ -34,40 +34,27 @@ from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import (
     Schedule,
+    cache_candidates,
     cacheable_ops,
     caching_allowed,
     check_schedule,
     cut_positions,
-    innermost_regions,
-    region_tree,
 )
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.registry import register
-
-
-def _score(profile: MemoryProfile, budget_bytes: int) -> tuple[int, float, float]:
-    """Smaller is better: fitting first, then the cost (fitting) or the peak (not)."""
-    if profile.peak_bytes <= budget_bytes:
-        return (0, profile.recompute_s, float(profile.peak_bytes))
-    return (1, float(profile.peak_bytes), profile.recompute_s)
 
 
 def neighbours(graph: CostGraph, schedule: Schedule, allowed: frozenset[str]) -> Iterator[Schedule]:
     """Schedules one move away from ``schedule`` (possibly invalid ones; the caller checks)."""
     order = ordered_nodes(graph)
     n = len(order)
-    tree = region_tree(graph, schedule)
-    inner = innermost_regions(tree, n)
-    for i, name in enumerate(order):
-        k = inner[i]
-        if k < 0 or name not in allowed:
-            continue
+    for name in cache_candidates(graph, schedule):
         if name in schedule.saved:
             yield Schedule(schedule.regions, schedule.nested, schedule.saved - {name})
-        elif caching_allowed(graph, tree[k].start, tree[k].stop):
+        else:
             yield Schedule(schedule.regions, schedule.nested, schedule.saved | {name})
     ok = cut_positions(graph)
     spans = schedule.spans(graph)
@@ -151,7 +138,7 @@ class CachingSolver:
         check_schedule(graph, current)
         allowed = cacheable_ops(graph)
         profile = simulate(graph, current, check=False)
-        score = _score(profile, budget_bytes)
+        score = rank(profile, budget_bytes)
         moves = tried = 0
         timed_out = False
         while moves < self.max_moves:
@@ -166,7 +153,7 @@ class CachingSolver:
                     continue
                 found = simulate(graph, candidate, check=False)
                 tried += 1
-                found_score = _score(found, budget_bytes)
+                found_score = rank(found, budget_bytes)
                 if found_score < score and (best is None or found_score < best[0]):
                     best = (found_score, candidate, found)
             if best is None:

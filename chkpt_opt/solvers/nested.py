@@ -35,7 +35,7 @@ from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, check_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.segments import candidate_cuts
@@ -148,7 +148,7 @@ class NestedSolver:
                 continue
             profile = simulate(graph, schedule, check=False)
             tried += 1
-            if best is None or _better(profile, best[1], budget_bytes):
+            if best is None or rank(profile, budget_bytes) < rank(best[1], budget_bytes):
                 best = (schedule, profile, shape)
         if best is None:
             schedule = Schedule()
@@ -170,18 +170,3 @@ class NestedSolver:
                 "search_cut_by_time_limit": timed_out,
             },
         )
-
-
-def _better(profile: MemoryProfile, incumbent: MemoryProfile, budget_bytes: int) -> bool:
-    fits, fitted = profile.peak_bytes <= budget_bytes, incumbent.peak_bytes <= budget_bytes
-    if fits != fitted:
-        return fits
-    if fits:
-        return (profile.recompute_s, profile.peak_bytes) < (
-            incumbent.recompute_s,
-            incumbent.peak_bytes,
-        )
-    return (profile.peak_bytes, profile.recompute_s) < (
-        incumbent.peak_bytes,
-        incumbent.recompute_s,
-    )

@@ -15,12 +15,9 @@ from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import (
     Schedule,
-    cacheable_ops,
-    caching_allowed,
+    cache_candidates,
     check_schedule,
     cut_positions,
-    innermost_regions,
-    region_tree,
 )
 from chkpt_opt.simulate import MemoryProfile, simulate
 
@@ -55,7 +52,6 @@ def general_schedules(graph: CostGraph, *, max_schedules: int = 200_000) -> Iter
     order = ordered_nodes(graph)
     ok = cut_positions(graph)
     cuts = [p for p in range(len(order) + 1) if ok[p]]
-    allowed = cacheable_ops(graph)
     count = 0
     for family in _laminar(cuts, 0, len(order), proper=False):
         family = sorted(family, key=lambda s: (s[0], -s[1]))
@@ -66,15 +62,7 @@ def general_schedules(graph: CostGraph, *, max_schedules: int = 200_000) -> Iter
             regions=tuple(tuple(order[a:b]) for a, b in outer),
             nested=tuple(tuple(order[a:b]) for a, b in family if (a, b) not in outer),
         )
-        tree = region_tree(graph, base)
-        inner = innermost_regions(tree, len(order))
-        choices = [
-            order[i]
-            for i in range(len(order))
-            if inner[i] >= 0
-            and order[i] in allowed
-            and caching_allowed(graph, tree[inner[i]].start, tree[inner[i]].stop)
-        ]
+        choices = cache_candidates(graph, base)
         for k in range(len(choices) + 1):
             for saved in itertools.combinations(choices, k):
                 count += 1
