@@ -86,17 +86,6 @@ def corpus(time_limit_s: float, out: Path, max_ops: int) -> list[dict]:
     return rows
 
 
-class DeepChain(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.Sequential(
-            *[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(32)]
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x).pow(2).mean()
-
-
 def _measured(model: nn.Module, args: tuple, kwargs: dict, plan: Plan) -> dict:
     torch.manual_seed(1)
     for p in model.parameters():
@@ -121,8 +110,7 @@ def _measured(model: nn.Module, args: tuple, kwargs: dict, plan: Plan) -> dict:
 
 
 def deep_chain(time_limit_s: float) -> dict:
-    torch.manual_seed(0)
-    model, x = DeepChain(), torch.randn(4096, 256)
+    model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
     graph = chkpt_opt.trace(model, (x,))
     static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
     resident = static.param_bytes + static.input_bytes

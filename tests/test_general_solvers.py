@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 import chkpt_opt
+from chkpt_opt import zoo
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.measure import measure_step
 from chkpt_opt.schedule import Schedule
@@ -64,22 +64,8 @@ def test_nested_schedules_go_below_the_smallest_keep_set_peak_of_a_chain() -> No
     assert nested.schedule.nested
 
 
-class DeepChain(nn.Module):
-    """32 x (Linear(256, 256) + ReLU): activations dwarf the parameters at batch 4096."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.Sequential(
-            *[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(32)]
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x).pow(2).mean()
-
-
 def test_deep_chain_plans_at_three_quarters_of_the_smallest_keep_set_budget() -> None:
-    torch.manual_seed(0)
-    model, x = DeepChain(), torch.randn(4096, 256)
+    model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
     graph = chkpt_opt.trace(model, (x,))
     keep_set_min = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
     static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static

@@ -22,7 +22,7 @@ TINY = {
 FAMILIES = {
     transformers: ("gpt", "encoder", "vit", "hf_gpt2"),
     convnets: ("resnet", "unet", "vgg", "mobilenet"),
-    chains: ("mlp",),
+    chains: ("mlp", "relu_chain"),
     common: ("n_params", "param_mib"),
 }
 

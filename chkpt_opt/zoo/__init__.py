@@ -5,7 +5,7 @@ Every builder returns ``(model, example_args, example_kwargs)`` with random weig
 
 The builders live by family: :mod:`~chkpt_opt.zoo.transformers` (gpt, encoder, vit,
 hf_gpt2), :mod:`~chkpt_opt.zoo.convnets` (resnet, unet, vgg, mobilenet),
-:mod:`~chkpt_opt.zoo.chains` (mlp); :mod:`~chkpt_opt.zoo.common` has ``Built`` and the
+:mod:`~chkpt_opt.zoo.chains` (mlp, relu_chain); :mod:`~chkpt_opt.zoo.common` has ``Built`` and the
 parameter counts. All of them are importable from here. Hugging Face families built from
 configs (Llama, GPT-2, BERT, T5, ViT, Mixtral) are in :mod:`~chkpt_opt.zoo.huggingface`
 (``chkpt_opt.zoo.huggingface:llama`` as a model spec; they need ``transformers``).
@@ -17,7 +17,7 @@ Example:
 """
 
 from chkpt_opt.zoo.chains import MLP as MLP
-from chkpt_opt.zoo.chains import mlp
+from chkpt_opt.zoo.chains import mlp, relu_chain
 from chkpt_opt.zoo.common import Built as Built
 from chkpt_opt.zoo.common import n_params, param_mib
 from chkpt_opt.zoo.convnets import BasicBlock as BasicBlock
@@ -41,6 +41,7 @@ __all__ = [
     "mobilenet",
     "n_params",
     "param_mib",
+    "relu_chain",
     "resnet",
     "unet",
     "vgg",
