@@ -22,7 +22,11 @@ The exact solvers warm-start from greedy. A stage stops the search when its resu
 proof (:attr:`~chkpt_opt.solvers.base.SolveResult.proven`: optimal, or infeasible with a
 proof), whichever solver gave it. The best result wins (cheapest that fits, else lowest
 peak); its status is honest: ``optimal`` only when proven (a result that meets the best
-proven bound of any solver counts), ``feasible`` with the best bound otherwise.
+proven bound of any solver counts), ``feasible`` with the best bound otherwise. Beside the
+solvers' bounds counts the recompute bound (:mod:`chkpt_opt.solvers.recompute_bound`,
+``stats["recompute_bound"]``): an LP over the storages of the keep-all op sequence, computed
+first in at most 15% of the limit, which gives graphs too large for the integer
+programs a proven gap, and proves a budget below every schedule's peak infeasible.
 
 Beyond keep-set (``general=True``; off by default, see below): the proofs above hold over
 keep-set schedules (``stats["proofs_over"] == "keep_set"``). With the time the keep-set
@@ -30,8 +34,8 @@ stages left (and a few seconds of grace), the cached-op search starts from the k
 results, and where no keep-set schedule fits, the nested (multi-level) search looks below
 the keep-set memory floor. A schedule from them wins only if it is better (cheaper while
 fitting, or a lower peak while nothing fits); it is then ``feasible`` (or ``infeasible``)
-with no bound, since no bound is proven over the larger space, and ``stats["keep_set"]``
-records the keep-set result it beat.
+with the recompute bound, the one bound here that holds over the larger space, and
+``stats["keep_set"]`` records the keep-set result it beat.
 
 ``general`` is off by default because codegen's nested regions and cached ops are not yet
 right in every case the keep-set path handles: explicit generators, models that write
@@ -55,9 +59,13 @@ from chkpt_opt.solvers.chain_cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.enumerate import count_schedules
 from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.registry import get_solver, register
 
 PRUNED_MAX_OPS = 600
+BOUND_SHARE = 0.15
+"""The share of the time limit the recompute bound may take (measured 0.2-1.1 s on graphs
+of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
 """Largest graph ``auto`` gives the pruned every-cut solver (it covers the 586-op gpt_large,
 proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incumbent)."""
 
@@ -119,18 +127,20 @@ class AutoSolver:
     ) -> SolveResult:
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         deadline = Deadline.after(limit)
-        keep, tried = self._keep_set(graph, budget_bytes, deadline)
+        cover = recompute_bound(graph, budget_bytes, deadline=deadline.share(BOUND_SHARE))
+        keep, tried = self._keep_set(graph, budget_bytes, deadline, cover)
         if not self.general:
             return keep
         grace = min(self.general_grace_s, 0.2 * limit)
         later = Deadline(deadline.start, max(deadline.elapsed_s() + grace, limit))
         starts = [keep.schedule] + [r.schedule for r in tried if r.schedule != keep.schedule]
-        return _beyond_keep_set(graph, budget_bytes, keep, starts[:3], later)
+        return _beyond_keep_set(graph, budget_bytes, keep, starts[:3], later, cover)
 
     def _keep_set(
-        self, graph: CostGraph, budget_bytes: int, deadline: Deadline
+        self, graph: CostGraph, budget_bytes: int, deadline: Deadline, cover: RecomputeBound
     ) -> tuple[SolveResult, list[SolveResult]]:
-        """The best keep-set result, with the results of every solver tried."""
+        """The best keep-set result, with the results of every solver tried; ``cover``'s
+        bound counts beside the solvers' own."""
         results: list[SolveResult] = []
         stages: list[list[str]] = [[name] for name in self.solvers]
         if self.exact:
@@ -162,11 +172,13 @@ class AutoSolver:
             raise SolverError(f"no solver could run on this graph: {errors}")
         best = best_of(results)
         bounds = [r.bound for r in results if r.bound is not None]
+        if cover.bound_s is not None:
+            bounds.append(cover.bound_s)
         bound = max(bounds) if bounds and best.feasible else best.bound
         status = best.status
         if status == SolveStatus.FEASIBLE and bound is not None and best.objective <= bound + 1e-12:
             status = SolveStatus.OPTIMAL
-        proven_infeasible = any(r.proves_infeasible for r in results)
+        proven_infeasible = cover.proves_infeasible or any(r.proves_infeasible for r in results)
         if status == SolveStatus.INFEASIBLE and not proven_infeasible:
             timed_out = any(r.status == SolveStatus.TIMED_OUT for r in results)
             status = SolveStatus.TIMED_OUT if timed_out else status
@@ -180,6 +192,7 @@ class AutoSolver:
                     min_feasible_proven=True,
                     min_feasible_lower_bytes=best.peak_bytes,
                 )
+        stats["recompute_bound"] = _cover_stats(cover)
         stats["tried"] = {r.solver: r.status.value for r in results}
         stats["chosen"] = best.solver
         if errors:
@@ -209,10 +222,12 @@ def _beyond_keep_set(
     keep: SolveResult,
     starts: list[Schedule],
     deadline: Deadline,
+    cover: RecomputeBound,
 ) -> SolveResult:
     """The keep-set result, or a better schedule beyond keep-set (see the module
     docstring); the cached-op search starts from each of ``starts`` (the keep-set result's
-    schedule first)."""
+    schedule first). ``cover``'s bound holds over every schedule, so it is the bound of a
+    result from beyond keep-set."""
     keep_stats = dict(keep.stats, proofs_over="keep_set")
     if keep.feasible and keep.objective <= 0.0:  # nothing is cheaper than no recompute
         return dataclasses.replace(keep, stats=keep_stats)
@@ -243,16 +258,33 @@ def _beyond_keep_set(
             "chosen": keep.stats.get("chosen"),
         },
     )
+    if best.feasible:
+        status = SolveStatus.FEASIBLE
+        if cover.bound_s is not None and best.objective <= cover.bound_s + 1e-12:
+            status = SolveStatus.OPTIMAL
+    else:
+        status = SolveStatus.INFEASIBLE
     return dataclasses.replace(
         best,
-        status=SolveStatus.FEASIBLE if best.feasible else SolveStatus.INFEASIBLE,
-        bound=None,
+        status=status,
+        bound=cover.bound_s if best.feasible else None,
         budget_bytes=budget_bytes,
         solver=keep.solver,
         solve_s=deadline.elapsed_s(),
         stats=stats,
-        proves_infeasible=False,
+        proves_infeasible=cover.proves_infeasible,
     )
+
+
+def _cover_stats(cover: RecomputeBound) -> dict[str, object]:
+    """What :func:`~chkpt_opt.solvers.recompute_bound.recompute_bound` found, as stats."""
+    return {
+        "bound_s": cover.bound_s,
+        "floor_bytes": cover.floor_bytes,
+        "steps": cover.steps,
+        "complete": cover.complete,
+        "solve_s": cover.solve_s,
+    }
 
 
 def _proves_min_peak(result: SolveResult, peak_bytes: int) -> bool:

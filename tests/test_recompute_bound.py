@@ -1,0 +1,119 @@
+"""The recompute bound: never above the cost of any schedule that fits (keep-set, nested or
+cached), close to the proven optimum where one is known, within its deadline, and what
+``auto`` reports on graphs too large for the integer programs."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from chkpt_opt.graphs.io import load_graph
+from chkpt_opt.graphs.synthetic import chain_graph, random_dag
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import get_solver, smallest_peak
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.recompute_bound import recompute_bound
+from chkpt_opt.solvers.reference.general_enumerate import general_optimum, general_smallest_peak
+from tests.general_schedules import random_general_schedule
+
+CORPUS = Path(__file__).resolve().parent.parent / "graphs"
+SLACK = 1e-12
+
+
+@pytest.mark.parametrize("name", ["gpt_small", "resnet_small", "unet_small", "vit_small"])
+def test_the_bound_is_below_the_cost_of_random_schedules_at_their_own_peak(name: str) -> None:
+    graph = load_graph(CORPUS / f"{name}.json")
+    rng = random.Random(7)
+    for k in range(12):
+        schedule = random_general_schedule(graph, rng, cache_share=0.0 if k % 3 == 0 else 0.3)
+        profile = simulate(graph, schedule)
+        bound = recompute_bound(graph, profile.peak_bytes)
+        assert bound.floor_bytes <= profile.peak_bytes
+        assert not bound.proves_infeasible
+        assert bound.bound_s is not None
+        assert bound.bound_s <= profile.recompute_s + SLACK, (k, schedule)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bound_is_below_the_exact_keep_set_optimum_on_random_dags(seed: int) -> None:
+    graph = random_dag(16, seed=seed, skip_prob=0.3, max_inputs=3)
+    keep_all = simulate(graph, Schedule()).peak_bytes
+    assert recompute_bound(graph, keep_all).floor_bytes <= smallest_peak(graph).peak_bytes
+    for fraction in (0.95, 0.8, 0.65, 0.5, 0.35):
+        budget = int(keep_all * fraction)
+        exact = get_solver("cpsat")(graph, budget, time_limit_s=30)
+        assert exact.proven
+        bound = recompute_bound(graph, budget)
+        if bound.proves_infeasible:
+            assert not exact.feasible
+            continue
+        assert bound.bound_s is not None and bound.complete
+        if exact.feasible:
+            assert bound.bound_s <= exact.objective + SLACK, fraction
+
+
+@pytest.mark.parametrize(
+    "graph",
+    [chain_graph(4, activation_bytes=1000), random_dag(4, seed=0, skip_prob=0.4, max_inputs=3)],
+    ids=["chain4", "dag4"],
+)
+def test_the_bound_holds_beyond_keep_set_against_brute_force(graph) -> None:  # noqa: ANN001
+    keep_all = simulate(graph, Schedule()).peak_bytes
+    assert recompute_bound(graph, keep_all).floor_bytes <= general_smallest_peak(graph)
+    for fraction in (0.85, 0.65):
+        budget = int(keep_all * fraction)
+        best = general_optimum(graph, budget)
+        bound = recompute_bound(graph, budget)
+        if best is None:
+            continue
+        assert not bound.proves_infeasible
+        assert bound.bound_s is not None and bound.bound_s <= best[1].recompute_s + SLACK
+
+
+def test_the_bound_is_close_to_the_proven_optimum_at_a_loose_budget() -> None:
+    graph = load_graph(CORPUS / "encoder_small.json")
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.9)
+    exact = get_solver("cpsat")(graph, budget, time_limit_s=60)
+    assert exact.status.value == "optimal"
+    bound = recompute_bound(graph, budget)
+    assert bound.bound_s is not None
+    assert 0.9 * exact.objective <= bound.bound_s <= exact.objective + SLACK
+
+
+def test_a_budget_below_the_floor_is_proven_infeasible_and_nothing_fits() -> None:
+    graph = load_graph(CORPUS / "resnet_small.json")
+    floor = recompute_bound(graph, 0).floor_bytes
+    bound = recompute_bound(graph, floor - 1)
+    assert bound.proves_infeasible and bound.bound_s is None
+    assert not get_solver("auto")(graph, floor - 1, time_limit_s=20).feasible
+    assert get_solver("auto")(graph, floor - 1, time_limit_s=20).proves_infeasible
+
+
+def test_nothing_to_recompute_when_keep_all_fits() -> None:
+    graph = random_dag(10, seed=3)
+    bound = recompute_bound(graph, simulate(graph, Schedule()).peak_bytes)
+    assert bound.bound_s == 0.0 and bound.steps == 0
+
+
+def test_an_expired_deadline_returns_at_once_without_a_bound() -> None:
+    graph = load_graph(CORPUS / "gpt_small.json")
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.5)
+    start = time.perf_counter()
+    bound = recompute_bound(graph, budget, deadline=Deadline.after(0.0))
+    assert time.perf_counter() - start < 5.0
+    assert bound.bound_s is None and not bound.complete
+
+
+def test_auto_reports_a_proven_gap_on_a_586_op_graph_within_its_time_limit() -> None:
+    graph = load_graph(CORPUS / "gpt_large.json")
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.3)
+    start = time.perf_counter()
+    result = get_solver("auto")(graph, budget, time_limit_s=20)
+    assert time.perf_counter() - start < 20 + 5
+    assert result.feasible and result.bound is not None
+    assert 0 < result.bound <= result.objective + SLACK
+    assert result.stats["recompute_bound"]["bound_s"] == pytest.approx(result.bound)
