@@ -117,3 +117,17 @@ def test_auto_reports_a_proven_gap_on_a_586_op_graph_within_its_time_limit() -> 
     assert result.feasible and result.bound is not None
     assert 0 < result.bound <= result.objective + SLACK
     assert result.stats["recompute_bound"]["bound_s"] == pytest.approx(result.bound)
+
+
+def test_auto_beyond_keep_set_reports_the_bound_and_the_floor_of_every_schedule() -> None:
+    graph = chain_graph(24, activation_bytes=1 << 20)
+    keep_min = smallest_peak(graph).peak_bytes
+    for budget in (int(keep_min * 0.8), 0):
+        result = get_solver("auto", general=True)(graph, budget, time_limit_s=20)
+        assert result.stats["beyond_keep_set"]
+        if result.feasible:  # a nested schedule under the keep-set floor, with a bound
+            assert result.peak_bytes < keep_min
+            assert result.bound is not None and 0 < result.bound <= result.objective + SLACK
+        else:
+            lower = result.stats["min_feasible_lower_bytes"]
+            assert 0 < lower <= result.peak_bytes < keep_min

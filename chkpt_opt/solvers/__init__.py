@@ -19,8 +19,10 @@ def smallest_peak(
     Its ``peak_bytes`` is the smallest activation budget they meet, among keep-set
     schedules unless ``general`` (then nested regions go lower). For a keep-set result,
     ``stats["min_feasible_proven"]`` says whether no keep-set schedule has a lower peak, and
-    ``stats["min_feasible_lower_bytes"]`` is a proven lower bound where one is known; a
-    schedule beyond keep-set (nested regions) comes with no such proof.
+    ``stats["min_feasible_lower_bytes"]`` is a proven lower bound where one is known. A
+    schedule beyond keep-set (nested regions) comes with the floor of
+    :mod:`chkpt_opt.solvers.recompute_bound` as its lower bound, which holds over every
+    schedule (``min_feasible_proven`` when the peak meets it).
     (:func:`chkpt_opt.solvers.reference.bounds.min_feasible_budget` reads the keep-set
     result as a typed value.)
     """

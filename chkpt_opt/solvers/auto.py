@@ -192,6 +192,11 @@ class AutoSolver:
                     min_feasible_proven=True,
                     min_feasible_lower_bytes=best.peak_bytes,
                 )
+        if not best.feasible:  # the floor holds over every schedule
+            lower = max(stats.get("min_feasible_lower_bytes") or 0, cover.floor_bytes)
+            stats["min_feasible_lower_bytes"] = min(lower, best.peak_bytes)
+            if lower >= best.peak_bytes:
+                stats.update(min_feasible_bytes=best.peak_bytes, min_feasible_proven=True)
         stats["recompute_bound"] = _cover_stats(cover)
         stats["tried"] = {r.solver: r.status.value for r in results}
         stats["chosen"] = best.solver
@@ -257,7 +262,14 @@ def _beyond_keep_set(
             "peak_bytes": keep.peak_bytes,
             "chosen": keep.stats.get("chosen"),
         },
+        recompute_bound=_cover_stats(cover),
     )
+    if not best.feasible:  # the floor holds over every schedule, beyond keep-set too
+        stats.update(
+            min_feasible_bytes=best.peak_bytes,
+            min_feasible_proven=cover.floor_bytes >= best.peak_bytes,
+            min_feasible_lower_bytes=min(cover.floor_bytes, best.peak_bytes),
+        )
     if best.feasible:
         status = SolveStatus.FEASIBLE
         if cover.bound_s is not None and best.objective <= cover.bound_s + 1e-12:

@@ -91,15 +91,33 @@ class _Row:
             left out.
         fixed_bytes: of these, the bytes alive at this step under every schedule.
         kept: storage -> bytes of the storages kept for a later backward.
-        inputs: storage -> bytes of the inputs of the owners of ``kept`` storages that are
-            not among ``kept`` and not alive under every schedule.
+        alive: every forward storage alive at the step under keep-all.
+        droppable: those of ``alive`` that some schedule may not have there (``kept``, and
+            those kept for no later backward).
     """
 
     position: int
     during_bytes: int
     fixed_bytes: int
     kept: dict[str, int]
-    inputs: dict[str, int]
+    alive: frozenset[str]
+    droppable: frozenset[str]
+
+
+@dataclass(frozen=True)
+class _Closure:
+    """What recomputing after a step may involve.
+
+    Attributes:
+        ops: the owners of the step's kept storages, and the owners of every storage such
+            an op reads that is not alive at the step under every schedule, transitively.
+        reads: ``(op, storage)`` for each such read.
+        extra: storage -> bytes of the storages read that are not among ``kept``.
+    """
+
+    ops: tuple[str, ...]
+    reads: tuple[tuple[str, str], ...]
+    extra: dict[str, int]
 
 
 class _Rows:
@@ -156,19 +174,43 @@ class _Rows:
                 else:
                     free += sizes[f"f:{sid}"]
             fixed = during - free - sum(kept.values())
-            inputs: dict[str, int] = {}
-            for sid in kept:
-                for t in self.reads[self.owner[sid]]:
-                    if t in kept or t not in self.owner or t in alive:
-                        continue  # kept (a variable already), resident, or alive anyway
-                    inputs[t] = _storage_bytes(graph, self.owner[t], t)
-            rows.append(_Row(p, during - free, fixed, kept, inputs))
+            droppable = frozenset(
+                sid for sid in alive - made - read_now if forward_end.get(sid, -1) < p
+            )
+            rows.append(_Row(p, during - free, fixed, kept, frozenset(alive), droppable))
             for inst in step.free:
                 live_bytes -= sizes.pop(inst)
                 if inst.startswith("f:"):
                     alive.discard(inst[2:])
         self.rows = rows
         self.floor_bytes = max((r.fixed_bytes for r in rows), default=0)
+        self.graph = graph
+        self._closures: dict[int, _Closure] = {}
+
+    def closure(self, row: _Row) -> _Closure:
+        """The ops and reads a recomputation after ``row``'s step may involve."""
+        if row.position in self._closures:
+            return self._closures[row.position]
+        owner = self.owner
+        seen: set[str] = set()
+        reads: list[tuple[str, str]] = []
+        extra: dict[str, int] = {}
+        stack = sorted({owner[sid] for sid in row.kept}, reverse=True)
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for t in self.reads[op]:
+                if t not in owner or (t in row.alive and t not in row.droppable):
+                    continue  # resident, or alive at the step under every schedule
+                reads.append((op, t))
+                if t not in row.kept:
+                    extra[t] = _storage_bytes(self.graph, owner[t], t)
+                stack.append(owner[t])
+        found = _Closure(tuple(sorted(seen)), tuple(reads), extra)
+        self._closures[row.position] = found
+        return found
 
 
 def _storage_bytes(graph: CostGraph, node: str, sid: str) -> int:
@@ -252,23 +294,27 @@ class _CoverLp:
         self.added.add(row.position)
         self.n_rows += 1
         owner, s, inf = self.rows.owner, self.solver, self.solver.infinity()
+        closure = self.rows.closure(row)
+        sizes = {**row.kept, **closure.extra}
         # a[x]: storage x is alive at this step.
-        a = {x: s.NumVar(0.0, 1.0, "") for x in (*row.kept, *row.inputs)}
-        for sid in row.kept:
-            # a[sid] + r[owner] >= 1
-            c = s.Constraint(1.0, inf)
-            c.SetCoefficient(a[sid], 1.0)
-            c.SetCoefficient(self._recomputed(owner[sid]), 1.0)
-            for t in self.rows.reads[owner[sid]]:
-                if t in a:
-                    # a[t] + a[sid] + r[owner(t)] >= 1
-                    c = s.Constraint(1.0, inf)
-                    c.SetCoefficient(a[t], 1.0)
-                    c.SetCoefficient(a[sid], 1.0)
-                    c.SetCoefficient(self._recomputed(owner[t]), 1.0)
+        a = {x: s.NumVar(0.0, 1.0, "") for x in sizes}
+        # d[o]: op o is recomputed after this step.
+        d = {o: s.NumVar(0.0, 1.0, "") for o in closure.ops}
+
+        def at_least(value: float, *terms: tuple[pywraplp.Variable, float]) -> None:
+            c = s.Constraint(value, inf)
+            for var, coefficient in terms:
+                c.SetCoefficient(var, coefficient)
+
+        for o, var in d.items():  # r[o] >= d[o]
+            at_least(0.0, (self._recomputed(o), 1.0), (var, -1.0))
+        for sid in row.kept:  # kept for later: alive now, or recomputed later
+            at_least(1.0, (a[sid], 1.0), (d[owner[sid]], 1.0))
+        for o, t in closure.reads:  # a recomputation reads t: alive now, or recomputed too
+            at_least(0.0, (a[t], 1.0), (d[owner[t]], 1.0), (d[o], -1.0))
         # The step's memory: the bytes of what is alive within what the budget leaves.
         memory = s.Constraint(-inf, (self.budget_bytes - row.fixed_bytes) / BYTE_SCALE)
-        for x, nbytes in (*row.kept.items(), *row.inputs.items()):
+        for x, nbytes in sizes.items():
             memory.SetCoefficient(a[x], nbytes / BYTE_SCALE)
 
     def solve(self, deadline: Deadline) -> float | None:
@@ -285,21 +331,21 @@ class _CoverLp:
     def violated(self, rows: list[_Row]) -> list[_Row]:
         """Rows not yet added whose memory the LP's solution does not keep under the
         budget, most violated first. The memory of a row is taken at a feasible point of
-        its constraints (kept storages as low as their owners allow, inputs as high as
-        that needs), so a row found to hold does hold."""
+        its constraints (every ``d`` at its ``r``, every ``a`` as low as that allows), so a
+        row found to hold does hold."""
         owner, r = self.rows.owner, self.values
         found: list[tuple[float, int, _Row]] = []
         for row in rows:
             if row.position in self.added:
                 continue
-            low = {sid: 1.0 - r.get(owner[sid], 0.0) for sid in row.kept}
-            alive = {**low, **dict.fromkeys(row.inputs, 0.0)}
+            closure = self.rows.closure(row)
+            sizes = {**row.kept, **closure.extra}
+            alive = dict.fromkeys(sizes, 0.0)
             for sid in row.kept:
-                for t in self.rows.reads[owner[sid]]:
-                    if t in alive:
-                        alive[t] = max(alive[t], 1.0 - low[sid] - r.get(owner[t], 0.0))
-            sizes = {**row.kept, **row.inputs}
-            excess = row.fixed_bytes + sum(sizes[x] * alive[x] for x in alive) - self.budget_bytes
+                alive[sid] = 1.0 - r.get(owner[sid], 0.0)
+            for o, t in closure.reads:
+                alive[t] = max(alive[t], r.get(o, 0.0) - r.get(owner[t], 0.0))
+            excess = row.fixed_bytes + sum(sizes[x] * alive[x] for x in sizes) - self.budget_bytes
             if excess > 1e-6 * self.budget_bytes:
                 found.append((-excess, row.position, row))
         found.sort(key=lambda item: item[:2])
