@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
@@ -61,7 +62,7 @@ def test_the_bound_is_below_the_exact_keep_set_optimum_on_random_dags(seed: int)
     [chain_graph(4, activation_bytes=1000), random_dag(4, seed=0, skip_prob=0.4, max_inputs=3)],
     ids=["chain4", "dag4"],
 )
-def test_the_bound_holds_beyond_keep_set_against_brute_force(graph) -> None:  # noqa: ANN001
+def test_the_bound_holds_beyond_keep_set_against_brute_force(graph: CostGraph) -> None:
     keep_all = simulate(graph, Schedule()).peak_bytes
     assert recompute_bound(graph, keep_all).floor_bytes <= general_smallest_peak(graph)
     for fraction in (0.85, 0.65):

@@ -27,6 +27,7 @@ pruned search takes it as part of its incumbent (:func:`chkpt_opt.solvers.warm_s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ from chkpt_opt.solvers.blocks import (
     phase_shifts,
     split_model,
 )
-from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_model import IntervalModel
@@ -59,6 +60,8 @@ class _Phase:
 
     blocks: Blocks
     model: IntervalModel
+    exact: IntervalModel
+    folded: int
     segments: list[Segment]
     options: list[list[Option]]
     picked: tuple[float, list[int]] | None
@@ -116,13 +119,26 @@ class BlockSearch:
             )
         phases: list[_Phase] = []
         refused: dict[int, str] = {}
+        out_of_time = False
         for cutting in [blocks, *phase_shifts(graph, blocks, max_phases=self.max_phases)]:
             if phases and deadline.share(0.5).expired():
                 break
             try:
                 phases.append(self._solve_phase(graph, cutting, budget_bytes, deadline))
+            except DeadlineExceeded as err:
+                refused[cutting.phase] = str(err)
+                out_of_time = True
+                break
             except SolverError as err:
                 refused[cutting.phase] = str(err)
+        if not phases and out_of_time:  # the time limit is a promise: greedy's schedule
+            fallback = greedy_sweep(graph, budget_bytes, time_limit_s=None)
+            return dataclasses.replace(
+                fallback,
+                solver=solver,
+                solve_s=deadline.elapsed_s(),
+                stats={**fallback.stats, "timed_out": True, "phases_refused": refused},
+            )
         if not phases:
             raise SolverError(f"no cutting of the graph into blocks splits its memory: {refused}")
         solved = [p for p in phases if p.picked is not None]
@@ -138,8 +154,12 @@ class BlockSearch:
             best = min(solved, key=lambda p: (p.picked[0], p.blocks.phase))
             picks = best.picked[1]
             chosen = best.chosen(picks)
-            schedule, profile = judged(graph, best.model, chosen)
-            if best.predicted_peak(picks) != profile.peak_bytes:
+            schedule, profile = judged(graph, best.exact, chosen)
+            predicted = best.predicted_peak(picks)
+            # Folded shared storages may over-state the peak, never under-state it.
+            if predicted < profile.peak_bytes or (
+                not best.folded and predicted != profile.peak_bytes
+            ):
                 raise SolverError(
                     f"the block split predicted a peak of {best.predicted_peak(picks)} B, the "
                     f"simulator {profile.peak_bytes} B; this is a bug in chkpt_opt, please "
@@ -165,7 +185,7 @@ class BlockSearch:
                 if polished is not None:
                     stats["optimal_in_block_model"] = polished[1]
                     if best.model.cost_s(polished[0]) < profile.recompute_s:
-                        schedule, profile = judged(graph, best.model, polished[0])
+                        schedule, profile = judged(graph, best.exact, polished[0])
                         stats["polished"] = True
             stats["phase"] = best.blocks.phase
             stats["options"] = sum(len(o) for o in best.options)
@@ -188,13 +208,13 @@ class BlockSearch:
         budget_bytes: int,
         deadline: Deadline,
     ) -> _Phase:
-        model, _ = fold_shared_lifetimes(
-            build_interval_model(graph, segments=blocks.bounds), blocks
-        )
+        exact = build_interval_model(graph, segments=blocks.bounds)
+        model, folded = fold_shared_lifetimes(exact, blocks)
         segments = split_model(model, blocks)
         pools: dict[int, OptionPool] = {}
         for seg, kind in zip(segments, blocks.kinds):
             if kind not in pools:
+                deadline.check("building the block search's per-block programs")
                 pools[kind] = OptionPool(model, seg, seed=self.seed, deadline=deadline)
                 pools[kind].sweep_levels(self.peak_levels, n_kept=self.n_kept)
 
@@ -233,7 +253,7 @@ class BlockSearch:
             if not improved:
                 break
         solves = sum(pool.solves for pool in pools.values())
-        return _Phase(blocks, model, segments, options, picked, solves, rounds)
+        return _Phase(blocks, model, exact, folded, segments, options, picked, solves, rounds)
 
     def _lowest(
         self, graph: CostGraph, budget_bytes: int, phase: _Phase, time_limit_s: float | None
@@ -244,7 +264,7 @@ class BlockSearch:
             o = min(range(len(row)), key=lambda i: (row[i].peak_bytes + kept, row[i].kept_bytes))
             picks.append(o)
             kept += row[o].kept_bytes
-        schedule, profile = judged(graph, phase.model, phase.chosen(picks))
+        schedule, profile = judged(graph, phase.exact, phase.chosen(picks))
         fallback = greedy_sweep(graph, budget_bytes, time_limit_s=time_limit_s)
         if fallback.peak_bytes < profile.peak_bytes:
             return fallback.schedule, simulate(graph, fallback.schedule)

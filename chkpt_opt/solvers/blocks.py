@@ -100,6 +100,7 @@ def make_blocks(graph: CostGraph, bounds: Sequence[int], *, phase: int = 0) -> B
     index = {v: i for i, v in enumerate(order)}
     names, kinds = [], []
     signatures: dict[tuple, int] = {}
+    shared = _shared_producers(graph, order, bounds)
     previous_lo = 0
     for lo, hi in pairwise(bounds):
         names.append(keys[lo] or ("prologue" if lo == 0 else f"ops {lo}..{hi - 1}"))
@@ -116,7 +117,7 @@ def make_blocks(graph: CostGraph, bounds: Sequence[int], *, phase: int = 0) -> B
                 a["cut_after_ok"],
                 a["fwd_time_s"],
                 tuple(
-                    _wire(u, index[u], i, lo, previous_lo)
+                    ("shared", u) if u in shared else _wire(u, index[u], i, lo, previous_lo)
                     for u in sorted(graph.predecessors(v), key=index.get)
                 ),
             )
@@ -126,6 +127,13 @@ def make_blocks(graph: CostGraph, bounds: Sequence[int], *, phase: int = 0) -> B
         kinds.append(signatures.setdefault(signature, len(signatures)))
         previous_lo = lo
     return Blocks(tuple(bounds), tuple(names), tuple(kinds), phase)
+
+
+def _shared_producers(graph: CostGraph, order: list[str], bounds: Sequence[int]) -> set[str]:
+    """Ops read by more than one later segment (a position bias the first block computes
+    and every block reads): blocks read them by name, wherever they are."""
+    segment = {v: bisect_right(bounds, i) - 1 for i, v in enumerate(order)}
+    return {u for u in order if len({segment[w] for w in graph.successors(u)} - {segment[u]}) > 1}
 
 
 def _wire(producer: str, at: int, consumer_at: int, lo: int, previous_lo: int) -> Any:

@@ -42,7 +42,8 @@ Measured against the proven optima of the corpus graphs (``graphs/``, 202-298 op
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ortools.linear_solver import pywraplp
 
@@ -71,6 +72,9 @@ class RecomputeBound:
         complete: every step's row holds under the LP's solution (the bound is that of
             the whole relaxation); False when the deadline cut the cutting planes short.
         solve_s: wall-clock seconds spent.
+        recompute_share: op -> its ``r`` in the LP's solution (how much of it the
+            relaxation recomputes), for the ops the LP holds; what
+            :mod:`~chkpt_opt.solvers.bound_rounding` rounds into a schedule.
     """
 
     bound_s: float | None
@@ -79,6 +83,7 @@ class RecomputeBound:
     steps: int
     complete: bool
     solve_s: float
+    recompute_share: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -240,7 +245,9 @@ def recompute_bound(
     rows = _Rows(graph)
     over = [r for r in rows.rows if r.during_bytes > budget_bytes]
 
-    def done(bound_s: float | None, steps: int, complete: bool) -> RecomputeBound:
+    def done(
+        bound_s: float | None, steps: int, complete: bool, share: Mapping[str, float] | None = None
+    ) -> RecomputeBound:
         return RecomputeBound(
             bound_s=bound_s,
             floor_bytes=rows.floor_bytes,
@@ -248,6 +255,7 @@ def recompute_bound(
             steps=steps,
             complete=complete,
             solve_s=clock.elapsed_s(),
+            recompute_share=dict(share or {}),
         )
 
     if not over:
@@ -265,7 +273,7 @@ def recompute_bound(
             break
         bound = max(0.0, value * (1 - LP_TOLERANCE) - LP_TOLERANCE * rows.total_fwd_s)
         pending = lp.violated(over)
-    return done(bound, lp.n_rows, not pending)
+    return done(bound, lp.n_rows, not pending, lp.values if bound is not None else {})
 
 
 class _CoverLp:

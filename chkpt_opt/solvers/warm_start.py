@@ -1,7 +1,8 @@
 """Warm starts: the greedy sweep's schedule, as a fallback result and as interval ids an
-engine can take as a hint; and the incumbent of the pruned search (the better of the greedy
-sweep and, on graphs of repeated blocks, the block search). These are heuristics under the
-solvers, not registered solvers: only ``auto`` composes solvers."""
+engine can take as a hint; and the incumbent of the pruned search (the best of the greedy
+sweep, the rounded recompute bound and, on graphs of repeated blocks, the block search).
+These are heuristics under the solvers, not registered solvers: only ``auto`` composes
+solvers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult, best_of
 from chkpt_opt.solvers.block_search import BlockSearch
 from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.bound_rounding import bound_rounding
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.interval_model import IntervalModel
@@ -36,17 +38,20 @@ def hint_ids(graph: CostGraph, model: IntervalModel, result: SolveResult) -> lis
 
 
 def incumbent(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None) -> SolveResult:
-    """The best of the greedy sweep and, on graphs of repeated blocks, the block search (each
-    given ``time_limit_s``); the result names the one it came from (``greedy`` or
-    ``hierarchical``)."""
-    results = [greedy_sweep(graph, budget_bytes, time_limit_s=time_limit_s)]
-    if find_blocks(graph) is not None:
+    """The best of the greedy sweep, the schedule rounded from the recompute bound's LP
+    and, on graphs of repeated blocks, the block search, all within ``time_limit_s``
+    together (in that order, each with the time the others left); the result names the
+    one it came from (``greedy``, ``bound_rounding`` or ``hierarchical``)."""
+    deadline = Deadline.after(time_limit_s)
+    results = [greedy_sweep(graph, budget_bytes, time_limit_s=deadline.remaining_s())]
+    results.append(bound_rounding(graph, budget_bytes, deadline=deadline))
+    if find_blocks(graph) is not None and not deadline.expired():
         try:
             results.append(
                 BlockSearch().search(
                     graph,
                     budget_bytes,
-                    deadline=Deadline.after(time_limit_s),
+                    deadline=Deadline.after(deadline.remaining_s()),
                     solver="hierarchical",
                 )
             )

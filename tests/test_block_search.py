@@ -1,0 +1,80 @@
+"""Repeated blocks of an encoder-decoder (T5: every block reads a tensor of the first, every
+decoder block reads the encoder's output), the block search on them, and the incumbent of
+the pruned search on such a graph."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers.block_search import BlockSearch
+from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.bound_rounding import bound_rounding
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.greedy_sweep import greedy_sweep
+from chkpt_opt.solvers.warm_start import incumbent
+from tests.conftest import assert_valid_result
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def t5_graph() -> CostGraph:
+    import torch
+
+    from chkpt_opt.graphs.tracer import trace_model
+    from chkpt_opt.zoo import huggingface
+
+    torch.manual_seed(0)
+    model, args, kwargs = huggingface.t5(layers=6, width=64, batch=2, seq=32)
+    return trace_model(model, args, kwargs, name="t5").graph
+
+
+def test_blocks_reading_a_shared_tensor_are_found_alike(t5_graph: CostGraph) -> None:
+    blocks = find_blocks(t5_graph)
+    assert blocks is not None
+    kinds = dict(zip(blocks.names, blocks.kinds))
+    # Blocks 1 and 2 read the first block's position bias (and, in the decoder, the
+    # encoder's output) from wherever it is: they are the same block.
+    assert kinds["hf.encoder.block.1"] == kinds["hf.encoder.block.2"]
+    assert kinds["hf.decoder.block.1"] == kinds["hf.decoder.block.2"]
+    assert kinds["hf.encoder.block.0"] != kinds["hf.encoder.block.1"]
+
+
+def test_the_block_search_plans_the_encoder_decoder_within_its_limit(t5_graph: CostGraph) -> None:
+    budget = int(simulate(t5_graph, Schedule()).peak_bytes * 0.6)
+    start = time.perf_counter()
+    result = BlockSearch().search(
+        t5_graph, budget, deadline=Deadline.after(20), solver="hierarchical"
+    )
+    assert time.perf_counter() - start < 20 + 5
+    assert_valid_result(t5_graph, result, budget)
+    assert result.feasible
+
+
+def test_the_block_search_returns_within_an_expired_limit(t5_graph: CostGraph) -> None:
+    budget = int(simulate(t5_graph, Schedule()).peak_bytes * 0.7)
+    result = BlockSearch().search(
+        t5_graph, budget, deadline=Deadline.after(0.0), solver="hierarchical"
+    )
+    assert_valid_result(t5_graph, result, budget)
+    assert result.stats["timed_out"] and result.solver == "hierarchical"
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.7])
+def test_the_pruned_search_incumbent_is_the_best_of_its_warm_starts(
+    t5_graph: CostGraph, fraction: float
+) -> None:
+    budget = int(simulate(t5_graph, Schedule()).peak_bytes * fraction)
+    rounded = bound_rounding(t5_graph, budget)
+    assert_valid_result(t5_graph, rounded, budget)
+    greedy = greedy_sweep(t5_graph, budget, time_limit_s=None)
+    best = incumbent(t5_graph, budget, time_limit_s=20)
+    assert_valid_result(t5_graph, best, budget)
+    for start in (rounded, greedy):
+        if start.feasible:
+            assert best.feasible and best.objective <= start.objective + 1e-15
