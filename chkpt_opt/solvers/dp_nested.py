@@ -101,11 +101,14 @@ class DpNestedSolver:
     """Exact rotor-style DP over nested schedules of a simple chain (module docstring).
 
     Attributes:
-        max_ops: refuse chains longer than this (the DP's tables grow with the cube of
-            the allowed cuts).
+        max_ops: refuse chains longer than this.
+        coarse_cuts: on a chain with more allowed cuts than this, first solve over every
+            k-th allowed cut (at most this many; a quick incumbent, kept if the time limit
+            cuts the full solve short), then over all of them.
     """
 
     max_ops: int = 400
+    coarse_cuts: int = 24
     name: str = "dp_nested"
 
     def __call__(
@@ -123,80 +126,68 @@ class DpNestedSolver:
             return dataclasses.replace(
                 trivial, stats={**trivial.stats, "space": "general", "optimal_over": SPACE}
             )
-        dp = NestedDp(chain, deadline=deadline)
-        stats: dict[str, Any] = {"space": "general", "ops": chain.n, "cuts": len(dp.cuts)}
-        best: tuple[Schedule, MemoryProfile] | None = None
+        allowed = [p for p in range(chain.n + 1) if chain.ok[p]]
+        stages = [allowed]
+        if len(allowed) > self.coarse_cuts:
+            stride = -(-(len(allowed) - 1) // (self.coarse_cuts - 1))
+            stages.insert(0, sorted({*allowed[::stride], chain.n}))
+        stats: dict[str, Any] = {"space": "general", "ops": chain.n, "cuts": len(allowed)}
+        found: list[tuple[Schedule, MemoryProfile, int]] = []  # (schedule, profile, cuts)
+        lowest: list[tuple[Schedule, MemoryProfile, int]] = []
+        frames = 0
         try:
-            found = dp.top(budget_bytes)
-            if found is not None:
-                best = _judged(graph, chain, found)
-                stats["optimal_over"] = SPACE
-                proven = True
-            else:
-                best, proven = _lowest(graph, chain, dp, budget_bytes, stats)
+            for cuts in stages:
+                dp = NestedDp(chain, deadline=deadline, cuts=cuts)
+                plan = dp.top(budget_bytes)
+                frames += dp.frames_solved
+                if plan is not None:
+                    found.append((*_judged(graph, chain, plan), len(cuts)))
+            if not found:
+                for cuts in stages:
+                    low = NestedDp(chain, deadline=deadline, cuts=cuts, minimize_peak=True)
+                    peak_plan = low.top(0)
+                    dp = NestedDp(chain, deadline=deadline, cuts=cuts)
+                    plan = dp.top(peak_plan[1]) if peak_plan is not None else None
+                    frames += low.frames_solved + dp.frames_solved
+                    if plan is None:
+                        raise SolverError("dp_nested lost the plan at its lowest peak; a bug.")
+                    lowest.append((*_judged(graph, chain, plan), len(cuts)))
         except DeadlineExceeded as err:
             stats["timed_out"] = True
             stats["reason"] = str(err)
-            schedule, profile = stats.pop("_lowest", None) or (Schedule(), None)
-            profile = profile or simulate(graph, schedule)
-            result = result_from_profile(
-                schedule,
-                profile,
-                budget_bytes=budget_bytes,
-                solver=self.name,
-                solve_s=deadline.elapsed_s(),
-                stats=_public(stats, dp),
-            )
-            if result.feasible:
-                return result
-            return dataclasses.replace(result, status=SolveStatus.TIMED_OUT)
-        schedule, profile = best
-        return result_from_profile(
+        stats["frames_solved"] = frames
+        complete = len(allowed)
+        if found:
+            schedule, profile, used = min(found, key=lambda f: (f[1].recompute_s, -f[2]))
+            proven = used == complete and not stats.get("timed_out")
+        elif lowest:
+            schedule, profile, used = min(lowest, key=lambda f: (f[1].peak_bytes, -f[2]))
+            proven = used == complete
+            stats["min_feasible_bytes"] = profile.peak_bytes
+            stats["min_feasible_proven"] = proven
+            stats["min_feasible_lower_bytes"] = profile.peak_bytes if proven else None
+        else:
+            schedule, used, proven = Schedule(), 0, False
+            profile = simulate(graph, schedule)
+        stats["cuts_used"] = used
+        if proven or used == complete:
+            stats["optimal_over"] = SPACE
+        elif used:
+            stats["optimal_over"] = f"{SPACE}, in {used} of the {complete} allowed cuts"
+        result = result_from_profile(
             schedule,
             profile,
             budget_bytes=budget_bytes,
             solver=self.name,
             solve_s=deadline.elapsed_s(),
-            bound=profile.recompute_s if proven and found is not None else None,
-            proven_optimal=proven and found is not None,
-            proven_infeasible=proven and found is None,
-            stats=_public(stats, dp),
+            bound=profile.recompute_s if proven and found else None,
+            proven_optimal=proven and bool(found),
+            proven_infeasible=proven and not found,
+            stats=stats,
         )
-
-
-def _public(stats: dict[str, Any], dp: NestedDp) -> dict[str, Any]:
-    out = {k: v for k, v in stats.items() if not k.startswith("_")}
-    out["frames_solved"] = dp.frames_solved
-    out["memo_entries"] = sum(len(v) for v in dp.memo.values())
-    return out
-
-
-def _lowest(
-    graph: CostGraph, chain: NestedChain, dp: NestedDp, budget_bytes: int, stats: dict
-) -> tuple[tuple[Schedule, MemoryProfile], bool]:
-    """The cheapest schedule at the smallest budget the DP fits (bisection over bytes);
-    keeps the best found so far in ``stats["_lowest"]`` for a time-out."""
-    hi = simulate(graph, Schedule()).peak_bytes  # keep-all always fits its own peak
-    found_hi = dp.top(hi)
-    if found_hi is None:
-        raise SolverError("dp_nested found no plan at the keep-all peak; a bug.")
-    stats["_lowest"] = _judged(graph, chain, found_hi)
-    lo = budget_bytes  # nothing fits here
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        found = dp.top(mid)
-        if found is None:
-            lo = mid
-        else:
-            hi = min(mid, found[1])
-            found_hi = found
-            stats["_lowest"] = _judged(graph, chain, found_hi)
-    lowest = stats.pop("_lowest")
-    stats["min_feasible_bytes"] = lowest[1].peak_bytes
-    stats["min_feasible_proven"] = True
-    stats["min_feasible_lower_bytes"] = lowest[1].peak_bytes
-    stats["optimal_over"] = SPACE
-    return lowest, True
+        if stats.get("timed_out") and not result.feasible:
+            return dataclasses.replace(result, status=SolveStatus.TIMED_OUT)
+        return result
 
 
 def _judged(

@@ -54,7 +54,8 @@ INF_BYTES = 1 << 62
 
 @dataclass(frozen=True)
 class FrameResult:
-    """The cheapest plan of a frame that fits.
+    """The best plan of a frame: the cheapest that fits (or, minimizing the peak, the one
+    with the lowest peak).
 
     Attributes:
         cost_s: recompute time of the frame's replay and of every region inside it.
@@ -67,14 +68,30 @@ class FrameResult:
     plan: Plan
 
 
-# A DP entry: (kept bytes K, cost, peak so far, previous entry, piece or None).
+@dataclass(frozen=True)
+class _Frame:
+    """What the pieces of one frame ``[a, b)`` are evaluated with (module docstring)."""
+
+    a: int
+    b: int
+    last: int  # its last packer (its replay's trigger)
+    mode: int  # how its outer tensor is held from outside
+    ob: int  # bytes of its outer tensor
+    eb: int  # bytes of the outer tensor alive on part of its steps (0: none)
+    eth: int  # ... at the steps handling ops from this one on
+    rec_const: int  # bytes at each step of its replay besides the ops' own
+    m: int  # bytes left above the outside
+
+
+# A DP entry: (kept bytes K, value, peak so far, cost so far, previous entry, piece or None);
+# the value is the cost, or the peak when minimizing the peak.
 Entry = tuple
 
 
 def _prune(entries: list[Entry]) -> list[Entry]:
-    """The Pareto front over (kept bytes, cost): ascending bytes, strictly falling cost
-    (ties: the entry found first)."""
-    entries.sort(key=lambda e: (e[0], e[1]))
+    """The Pareto front over (kept bytes, value): ascending bytes, strictly falling value
+    (ties: the lower peak, then the entry found first)."""
+    entries.sort(key=lambda e: (e[0], e[1], e[2]))
     front: list[Entry] = []
     for e in entries:
         if not front or e[1] < front[-1][1]:
@@ -87,10 +104,10 @@ def _prune(entries: list[Entry]) -> list[Entry]:
 def _pieces(last: Entry) -> Plan:
     plan = []
     e = last
-    while e is not None and e[3] is not None:
-        if e[4] is not None:
-            plan.append(e[4])
-        e = e[3]
+    while e is not None and e[4] is not None:
+        if e[5] is not None:
+            plan.append(e[5])
+        e = e[4]
     return tuple(reversed(plan))
 
 
@@ -100,6 +117,10 @@ class NestedDp:
     Args:
         chain: the chain's facts.
         deadline: every frame solve checks it (``DeadlineExceeded``).
+        minimize_peak: find the lowest peak (ties: the cheapest) instead of the cheapest
+            plan within a budget.
+        cuts: the positions where regions may begin and end (allowed cuts of the chain;
+            all of them by default).
         forced: evaluate one plan instead of optimizing: per frame span (``None`` for the
             top frame), the child regions it must have; every other op is plain.
     """
@@ -109,58 +130,58 @@ class NestedDp:
         chain: NestedChain,
         *,
         deadline: Deadline = NO_DEADLINE,
+        minimize_peak: bool = False,
         forced: dict[tuple[int, int] | None, set[tuple[int, int]]] | None = None,
+        cuts: list[int] | None = None,
     ) -> None:
         c = self.c = chain
         self.deadline = deadline
+        self.peak_mode = minimize_peak
         self.forced = forced
-        self.cuts = [p for p in range(c.n + 1) if c.ok[p]]
-        body = [c.w[i] + c.a[i] + (c.a[i - 1] if i else 0) for i in range(c.n)]
-        self.body = Rmq(body)
+        self.cuts = [p for p in range(c.n + 1) if c.ok[p]] if cuts is None else list(cuts)
+        usable = set(self.cuts)
+        self.body = [c.w[i] + c.a[i] + (c.a[i - 1] if i else 0) for i in range(c.n)]
         self.bwd = Rmq(list(c.bwd_base))
+        # ends[p]: where a region starting at p may stop (it must hold a packer).
+        self.ends = [
+            [q for q in self.cuts if q > c.fp[p]] if p < c.n and p in usable else []
+            for p in range(c.n + 1)
+        ]
         self.memo: dict[tuple, list[tuple[int, int, FrameResult]]] = {}
         self.infeasible: dict[tuple, int] = {}
         self.frames_solved = 0
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def run_peak(self, p: int, q: int) -> int:
-        """Largest bytes of the run of ops ``p..q-1`` (their own tensors and workspaces,
-        without the input of op ``p``) when nothing inside is kept."""
-        c = self.c
-        return max(c.w[p] + c.a[p], self.body(p + 1, q - 1))
+    def _children_at(self, a: int, b: int, p: int) -> list[int]:
+        """Ends of the child regions of frame ``[a, b)`` (``a < 0``: the top frame) that
+        may start at ``p``, ascending."""
+        if self.forced is None:
+            return [q for q in self.ends[p] if q <= b and (a < 0 or (p, q) != (a, b))]
+        spans = self.forced.get((a, b) if a >= 0 else None, set())
+        return [q for s, q in sorted(spans) if s == p]
 
-    def children_at(self, a: int, b: int, p: int) -> list[int]:
-        """Ends ``q`` of the child regions of frame ``[a, b)`` (``None``: top) that may start
-        at ``p``."""
-        c = self.c
-        if self.forced is not None:
-            spans = self.forced.get((a, b) if a >= 0 else None, set())
-            ends = [q for s, q in sorted(spans) if s == p]
-            if any(c.fp[p] >= q for q in ends):
-                raise SolverError(
-                    f"the region at ops {p}..{ends[0] - 1} holds no op that saves anything; "
-                    "it lies outside dp_nested's space (it never helps: make its ops plain)."
-                )
-            return ends
-        if not c.ok[p]:
-            return []
-        lo = max(p + 1, c.fp[p] + 1)
-        top = a < 0
-        return [q for q in self.cuts if lo <= q <= b and (top or (p, q) != (a, b))]
-
-    def plain_allowed(self, a: int, b: int, p: int) -> bool:
+    def _plain_allowed(self, a: int, b: int, p: int) -> bool:
         if self.forced is None:
             return True
         spans = self.forced.get((a, b) if a >= 0 else None, set())
         return not any(s == p for s, _ in spans)
+
+    def _extend(
+        self, entry: Entry, kept: int, need: int, cost_s: float, piece: tuple | None
+    ) -> Entry:
+        """``entry`` followed by a piece that keeps ``kept`` bytes more for what follows,
+        peaks at ``need`` and costs ``cost_s``."""
+        peak = max(entry[2], need)
+        cost = entry[3] + cost_s
+        return (entry[0] + kept, peak if self.peak_mode else cost, peak, cost, entry, piece)
 
     # -- a region's frame -----------------------------------------------------------------
 
     def frame(
         self, a: int, b: int, mode: int, eb: int, eth: int, tail_done: bool, m: int
     ) -> FrameResult | None:
-        """The cheapest plan of region ``[a, b)``'s frame within ``m`` bytes (see the module
+        """The best plan of region ``[a, b)``'s frame within ``m`` bytes (see the module
         docstring), or None."""
         c = self.c
         if c.sin[a] or (mode == KEY and c.fp[a] <= a):
@@ -170,6 +191,8 @@ class NestedDp:
             eb = 0
         if not eb or eth >= b:
             eb, eth = 0, 0
+        if self.peak_mode:
+            m = INF_BYTES  # no budget: the peak is what is minimized
         if m < 0:
             return None
         key = (a, b, mode, eb, eth, tail_done)
@@ -184,7 +207,12 @@ class NestedDp:
         if result is None:
             self.infeasible[key] = max(m, self.infeasible.get(key, -1))
         else:
-            self.memo.setdefault(key, []).append((result.peak, m, result))
+            # No plan of the frame is cheaper than its replay with every op plain: that
+            # result holds for every larger budget too.
+            last = c.lp[b]
+            floor = c.run_time_s(a, last + 1 if c.sout[last] else last)
+            hi = INF_BYTES if result.cost_s <= floor * (1 + 1e-12) else m
+            self.memo.setdefault(key, []).append((result.peak, hi, result))
         return result
 
     def _solve_frame(
@@ -197,141 +225,149 @@ class NestedDp:
         ob = c.inp(a)
         tail_peak = 0
         if not tail_done and last < b - 1:
-            lo_hi = min(b - 1, eth - 1) if eb else b - 1
-            tail_peak = self.bwd(last + 1, lo_hi) + ob
+            tail_peak = self.bwd(last + 1, min(b - 1, eth - 1) if eb else b - 1) + ob
             if eb:
                 tail_peak = max(tail_peak, self.bwd(max(last + 1, eth), b - 1) + ob + eb)
             if tail_peak > m:
                 return None
         rec_const = c.rec_base[last] + ob + (eb if eb and last >= eth else 0)
-        key_th = c.fp[a]
-        start: Entry = (0, 0.0, 0, None, None)
+        f = _Frame(a, b, last, mode, ob, eb, eth, rec_const, m)
+        start: Entry = (0, 0.0, 0, 0.0, None, None)
         pending: dict[int, dict[tuple[bool, bool], list[Entry]]] = {a: {(False, False): [start]}}
         finals: list[Entry] = []
         for p in range(a, b):
             states = pending.pop(p, None)
             if not states:
                 continue
+            plain = self._plain_allowed(a, b, p)
+            ends = self._children_at(a, b, p)
             for (ih, h1), cands in sorted(states.items()):
                 for entry in _prune(cands):
-                    k_held, cost, peak = entry[0], entry[1], entry[2]
-                    if self.plain_allowed(a, b, p):
-                        self._plain(
-                            a,
-                            b,
-                            p,
-                            last,
-                            mode,
-                            eb,
-                            eth,
-                            h1,
-                            ih,
-                            entry,
-                            m,
-                            rec_const,
-                            key_th,
-                            ob,
-                            pending,
-                            finals,
-                        )
-                    for q in self.children_at(a, b, p):
-                        star = q > last
-                        if p == a:
-                            mode_c, const = mode, 0
-                            ext = (0, 0)
-                        else:
-                            mode_c = ALWAYS if ih else NONE
-                            const, ext = 0, (0, 0)
-                            if mode == ALWAYS or h1:
-                                const += ob
-                            elif mode == KEY:
-                                const, ext = _split(ob, key_th, p, q, const, ext)
-                        if eb:
-                            const, ext = _split(eb, eth, p, q, const, ext)
-                        run = 0
-                        if not star:
-                            run = rec_const + k_held + (c.a[p - 1] if p > a else 0)
-                            run += self.run_peak(p, q)
-                            if run > m:
-                                continue
-                        sub = self.frame(p, q, mode_c, ext[0], ext[1], star, m - k_held - const)
-                        if sub is None:
-                            continue
-                        new = (
-                            k_held + (c.a[p - 1] if p > a else 0),
-                            cost + (0.0 if star else c.run_time_s(p, q)) + sub.cost_s,
-                            max(peak, run, sub.peak + k_held + const),
-                            entry,
-                            (p, q, sub.plan),
-                        )
-                        state = (False, True if p == a else h1)
-                        if star:
-                            finals.append(new)
-                        else:
-                            pending.setdefault(q, {}).setdefault(state, []).append(new)
+                    if plain:
+                        self._plain(f, p, ih, h1, entry, pending, finals)
+                    if ends:
+                        self._children(f, p, ih, h1, entry, ends, pending, finals)
         if not finals:
             return None
-        best = min(finals, key=lambda e: (e[1], e[2]))
-        return FrameResult(best[1], max(best[2], tail_peak), _pieces(best))
+        best = min(finals, key=lambda e: (e[1], e[2], e[3]))
+        return FrameResult(best[3], max(best[2], tail_peak), _pieces(best))
 
     def _plain(
-        self, a, b, p, last, mode, eb, eth, h1, ih, entry, m, rec_const, key_th, ob, pending, finals
+        self,
+        f: _Frame,
+        p: int,
+        ih: bool,
+        h1: bool,
+        entry: Entry,
+        pending: dict[int, dict[tuple[bool, bool], list[Entry]]],
+        finals: list[Entry],
     ) -> None:
-        """Extends ``entry`` by op ``p`` as a plain op of frame ``[a, b)``."""
+        """Extends ``entry`` by op ``p`` as a plain op of frame ``f``."""
         c = self.c
+        a, last, mode = f.a, f.last, f.mode
         if p > last:
-            raise SolverError(f"op {p} lies past the last packer of {a}..{b}; a bug.")
-        k_held, cost, peak = entry[0], entry[1], entry[2]
+            raise SolverError(f"op {p} lies past the last packer of {a}..{f.b}; a bug.")
+        k_held = entry[0]
         runs = p < last or c.sout[p]
         inp = c.a[p - 1] if p > a else 0
-        steps = []
-        if runs:
-            steps.append(rec_const + c.w[p] + k_held + inp + c.a[p])
-        o_alive = mode == ALWAYS or (p > a and (h1 or (mode == KEY and p >= key_th)))
+        o_alive = mode == ALWAYS or (p > a and (h1 or (mode == KEY and p >= c.fp[a])))
         held_in = p > a and (ih or c.sin[p])
-        steps.append(
+        need = (
             c.bwd_base[p]
-            + (ob if o_alive else 0)
-            + (eb if eb and p >= eth else 0)
+            + (f.ob if o_alive else 0)
+            + (f.eb if f.eb and p >= f.eth else 0)
             + k_held
             + (inp if held_in else 0)
             + (c.a[p] if c.sout[p] else 0)
         )
-        need = max(steps)
-        if need > m:
+        if runs:
+            need = max(need, f.rec_const + c.w[p] + k_held + inp + c.a[p])
+        if need > f.m:
             return
-        new = (
-            k_held + (inp if held_in else 0),
-            cost + (c.t[p] if runs else 0.0),
-            max(peak, need),
-            entry,
-            None,
-        )
+        new = self._extend(entry, inp if held_in else 0, need, c.t[p] if runs else 0.0, None)
         if p == last:
             finals.append(new)
         else:
             state = (c.sout[p], False if p == a else h1)
             pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
 
+    def _children(
+        self,
+        f: _Frame,
+        p: int,
+        ih: bool,
+        h1: bool,
+        entry: Entry,
+        ends: list[int],
+        pending: dict[int, dict[tuple[bool, bool], list[Entry]]],
+        finals: list[Entry],
+    ) -> None:
+        """Extends ``entry`` by each child region ``[p, q)`` of frame ``f``, ``q`` in
+        ``ends`` (ascending)."""
+        c = self.c
+        a, mode, ob, k_held = f.a, f.mode, f.ob, entry[0]
+        inp = c.a[p - 1] if p > a else 0
+        if p == a:  # the first child takes over the frame's outer tensor
+            mode_c, const, ext0 = mode, 0, (0, 0)
+        else:
+            mode_c = ALWAYS if ih else NONE
+            const, ext0 = (ob, (0, 0)) if mode == ALWAYS or h1 else (0, (0, 0))
+        m_c = f.m - k_held  # the bytes left to the child (less ``const``, below)
+        run_body = c.w[p] + c.a[p]
+        i = p + 1  # ops p..i-1 are in run_body
+        for q in ends:
+            while i < q:
+                run_body = max(run_body, self.body[i])
+                i += 1
+            star = q > f.last  # the piece holding the last packer: not run in the replay
+            const_q, ext = const, ext0
+            if p > a and mode == KEY and not (mode == ALWAYS or h1):
+                const_q, ext = _split(ob, c.fp[a], p, q, const_q, ext)
+            if f.eb:
+                const_q, ext = _split(f.eb, f.eth, p, q, const_q, ext)
+            budget_c = m_c - const_q
+            if not self.peak_mode and self.bwd(p, c.lp[q]) > budget_c:
+                break  # every op's backward runs in the child's steps; larger q: no better
+            run = 0
+            if not star:
+                run = f.rec_const + k_held + inp + run_body
+                if run > f.m:
+                    continue  # (a piece holding the last packer is not run: go on to it)
+            sub = self.frame(p, q, mode_c, ext[0], ext[1], star, budget_c)
+            if sub is None:
+                continue
+            cost = (0.0 if star else c.run_time_s(p, q)) + sub.cost_s
+            new = self._extend(
+                entry, inp, max(run, sub.peak + k_held + const_q), cost, (p, q, sub.plan)
+            )
+            if star:
+                finals.append(new)
+            else:
+                state = (False, True if p == a else h1)
+                pending.setdefault(q, {}).setdefault(state, []).append(new)
+
     # -- the top frame --------------------------------------------------------------------
 
     def top(self, budget_bytes: int) -> tuple[float, int, Plan] | None:
-        """The cheapest plan of the whole chain within ``budget_bytes``: (recompute time,
-        predicted peak, outermost regions), or None."""
+        """The best plan of the whole chain within ``budget_bytes`` (ignored when minimizing
+        the peak): (recompute time, predicted peak, outermost regions), or None."""
         c = self.c
         n = c.n
-        start: Entry = (0, 0.0, 0, None, None)
+        budget = INF_BYTES if self.peak_mode else budget_bytes
+        start: Entry = (0, 0.0, 0, 0.0, None, None)
         pending: dict[int, dict[bool, list[Entry]]] = {0: {False: [start]}}
         for p in range(n):
             self.deadline.check("dp_nested's DP")
             states = pending.pop(p, None)
             if not states:
                 continue
+            plain = self._plain_allowed(-1, n, p)
+            ends = self._children_at(-1, n, p)
+            inp = c.inp(p)
             for ih, cands in sorted(states.items()):
                 for entry in _prune(cands):
-                    k_held, cost, peak = entry[0], entry[1], entry[2]
-                    inp = c.inp(p)
-                    if self.plain_allowed(-1, n, p):
+                    k_held = entry[0]
+                    if plain:
                         held_in = p > 0 and (ih or c.sin[p])
                         need = max(
                             c.w[p] + k_held + inp + c.a[p],
@@ -340,42 +376,40 @@ class NestedDp:
                             + (inp if held_in else 0)
                             + (c.a[p] if c.sout[p] and p < n - 1 else 0),
                         )
-                        if need <= budget_bytes:
-                            new = (
-                                k_held + (inp if held_in else 0),
-                                cost,
-                                max(peak, need),
-                                entry,
-                                None,
-                            )
+                        if need <= budget:
+                            new = self._extend(entry, inp if held_in else 0, need, 0.0, None)
                             state = bool(c.sout[p]) and p < n - 1
                             pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
-                    for q in self.children_at(-1, n, p):
-                        run = k_held + inp + self.run_peak(p, q)
-                        if run > budget_bytes:
-                            continue
+                    run_body = c.w[p] + c.a[p]
+                    i = p + 1
+                    for q in ends:
+                        while i < q:
+                            run_body = max(run_body, self.body[i])
+                            i += 1
+                        run = k_held + inp + run_body
+                        if run > budget or (
+                            not self.peak_mode and self.bwd(p, c.lp[q]) > budget - k_held
+                        ):
+                            break  # both only grow with q
                         mode = ALWAYS if ih else KEY
-                        sub = self.frame(p, q, mode, 0, 0, False, budget_bytes - k_held)
+                        sub = self.frame(p, q, mode, 0, 0, False, budget - k_held)
                         if sub is None:
                             continue
-                        new = (
-                            k_held + inp,
-                            cost + sub.cost_s,
-                            max(peak, run, sub.peak + k_held),
-                            entry,
-                            (p, q, sub.plan),
+                        new = self._extend(
+                            entry, inp, max(run, sub.peak + k_held), sub.cost_s, (p, q, sub.plan)
                         )
                         pending.setdefault(q, {}).setdefault(False, []).append(new)
         finals = []
         for cands in pending.get(n, {}).values():
             for e in cands:
-                start_step = c.cb + e[0]  # bwd_start: what the forward pass keeps
-                if start_step <= budget_bytes:
-                    finals.append((e[0], e[1], max(e[2], start_step), e[3], e[4], e))
+                # bwd_start: what the forward pass keeps, the step output and its gradient.
+                closing = self._extend(e, 0, c.cb + e[0], 0.0, None)
+                if closing[2] <= budget:
+                    finals.append(closing)
         if not finals:
             return None
-        best = min(finals, key=lambda e: (e[1], e[2]))
-        return best[1], best[2], _pieces(best[5])
+        best = min(finals, key=lambda e: (e[1], e[2], e[3]))
+        return best[3], best[2], _pieces(best)
 
 
 def _split(
