@@ -191,6 +191,8 @@ class NestedDp:
             eb = 0
         if not eb or eth >= b:
             eb, eth = 0, 0
+        if c.lp[b] == b - 1:
+            tail_done = False  # no tail: nothing to hoist
         if self.peak_mode:
             m = INF_BYTES  # no budget: the peak is what is minimized
         if m < 0:
@@ -315,10 +317,15 @@ class NestedDp:
         m_c = f.m - k_held  # the bytes left to the child (less ``const``, below)
         run_body = c.w[p] + c.a[p]
         i = p + 1  # ops p..i-1 are in run_body
+        lower = c.bwd_base[p]  # the largest backward step of ops p..j-1
+        j = p + 1
         for q in ends:
             while i < q:
                 run_body = max(run_body, self.body[i])
                 i += 1
+            while j <= c.lp[q]:
+                lower = max(lower, c.bwd_base[j])
+                j += 1
             star = q > f.last  # the piece holding the last packer: not run in the replay
             const_q, ext = const, ext0
             if p > a and mode == KEY and not (mode == ALWAYS or h1):
@@ -326,7 +333,7 @@ class NestedDp:
             if f.eb:
                 const_q, ext = _split(f.eb, f.eth, p, q, const_q, ext)
             budget_c = m_c - const_q
-            if not self.peak_mode and self.bwd(p, c.lp[q]) > budget_c:
+            if not self.peak_mode and lower > budget_c:
                 break  # every op's backward runs in the child's steps; larger q: no better
             run = 0
             if not star:
