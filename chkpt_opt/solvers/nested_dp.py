@@ -244,11 +244,14 @@ class NestedDp:
             plain = self._plain_allowed(a, b, p)
             ends = self._children_at(a, b, p)
             for (ih, h1), cands in sorted(states.items()):
-                for entry in _prune(cands):
-                    if plain:
+                if not cands:  # a bucket a child opened and nothing fitted
+                    continue
+                front = _prune(cands)
+                if plain:
+                    for entry in front:
                         self._plain(f, p, ih, h1, entry, pending, finals)
-                    if ends:
-                        self._children(f, p, ih, h1, entry, ends, pending, finals)
+                if ends:
+                    self._children(f, p, ih, h1, front, ends, pending, finals)
         if not finals:
             return None
         best = min(finals, key=lambda e: (e[1], e[2], e[3]))
@@ -299,59 +302,70 @@ class NestedDp:
         p: int,
         ih: bool,
         h1: bool,
-        entry: Entry,
+        front: list[Entry],
         ends: list[int],
         pending: dict[int, dict[tuple[bool, bool], list[Entry]]],
         finals: list[Entry],
     ) -> None:
-        """Extends ``entry`` by each child region ``[p, q)`` of frame ``f``, ``q`` in
-        ``ends`` (ascending)."""
+        """Extends each entry of ``front`` (kept bytes ascending) by each child region
+        ``[p, q)`` of frame ``f``, ``q`` in ``ends`` (ascending)."""
         c = self.c
-        a, mode, ob, k_held = f.a, f.mode, f.ob, entry[0]
+        a, mode, ob, m = f.a, f.mode, f.ob, f.m
+        peak_mode = self.peak_mode
         inp = c.a[p - 1] if p > a else 0
         if p == a:  # the first child takes over the frame's outer tensor
-            mode_c, const, ext0 = mode, 0, (0, 0)
+            mode_c, const = mode, 0
         else:
             mode_c = ALWAYS if ih else NONE
-            const, ext0 = (ob, (0, 0)) if mode == ALWAYS or h1 else (0, (0, 0))
-        m_c = f.m - k_held  # the bytes left to the child (less ``const``, below)
+            const = ob if mode == ALWAYS or h1 else 0
+        partial_o = p > a and mode == KEY and not h1
+        state = (False, True if p == a else h1)
+        k_min = front[0][0]
         run_body = c.w[p] + c.a[p]
         i = p + 1  # ops p..i-1 are in run_body
         lower = c.bwd_base[p]  # the largest backward step of ops p..j-1
         j = p + 1
         for q in ends:
             while i < q:
-                run_body = max(run_body, self.body[i])
+                if self.body[i] > run_body:
+                    run_body = self.body[i]
                 i += 1
             while j <= c.lp[q]:
-                lower = max(lower, c.bwd_base[j])
+                if c.bwd_base[j] > lower:
+                    lower = c.bwd_base[j]
                 j += 1
             star = q > f.last  # the piece holding the last packer: not run in the replay
-            const_q, ext = const, ext0
-            if p > a and mode == KEY and not (mode == ALWAYS or h1):
+            const_q, ext = const, (0, 0)
+            if partial_o:
                 const_q, ext = _split(ob, c.fp[a], p, q, const_q, ext)
             if f.eb:
                 const_q, ext = _split(f.eb, f.eth, p, q, const_q, ext)
-            budget_c = m_c - const_q
-            if not self.peak_mode and lower > budget_c:
+            room = m - const_q  # the child's bytes are this less the kept bytes
+            if not peak_mode and lower > room - k_min:
                 break  # every op's backward runs in the child's steps; larger q: no better
-            run = 0
-            if not star:
-                run = f.rec_const + k_held + inp + run_body
-                if run > f.m:
-                    continue  # (a piece holding the last packer is not run: go on to it)
-            sub = self.frame(p, q, mode_c, ext[0], ext[1], star, budget_c)
-            if sub is None:
-                continue
-            cost = (0.0 if star else c.run_time_s(p, q)) + sub.cost_s
-            new = self._extend(
-                entry, inp, max(run, sub.peak + k_held + const_q), cost, (p, q, sub.plan)
-            )
-            if star:
-                finals.append(new)
-            else:
-                state = (False, True if p == a else h1)
-                pending.setdefault(q, {}).setdefault(state, []).append(new)
+            run_base = 0 if star else f.rec_const + inp + run_body
+            if run_base + k_min > m:
+                continue  # (a piece holding the last packer is not run: go on to it)
+            cost_run = 0.0 if star else c.run_time_s(p, q)
+            bucket = finals if star else pending.setdefault(q, {}).setdefault(state, [])
+            sub: FrameResult | None = None
+            sub_hi = -1
+            for entry in front:
+                k_held = entry[0]
+                budget_c = room - k_held
+                if not peak_mode and (lower > budget_c or run_base + k_held > m):
+                    break  # the kept bytes only grow along the front
+                if sub is None or not sub.peak <= budget_c <= sub_hi:
+                    sub = self.frame(p, q, mode_c, ext[0], ext[1], star, budget_c)
+                    if sub is None:
+                        break  # nothing fits this child with less room either
+                    sub_hi = budget_c
+                need = sub.peak + k_held + const_q
+                if not star and run_base + k_held > need:
+                    need = run_base + k_held
+                bucket.append(
+                    self._extend(entry, inp, need, cost_run + sub.cost_s, (p, q, sub.plan))
+                )
 
     # -- the top frame --------------------------------------------------------------------
 
