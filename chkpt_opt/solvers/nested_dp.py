@@ -45,27 +45,12 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.solvers.chain_replay import Rmq
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.nested_chain import NestedChain, Plan
+from chkpt_opt.solvers.nested_front import Entry, FrameResult, pieces, prune, split_outer
 
 NONE, KEY, ALWAYS = 0, 1, 2
 """How a frame's outer tensor is held past the frame's replay (see the module docstring)."""
 
 INF_BYTES = 1 << 62
-
-
-@dataclass(frozen=True)
-class FrameResult:
-    """The best plan of a frame: the cheapest that fits (or, minimizing the peak, the one
-    with the lowest peak).
-
-    Attributes:
-        cost_s: recompute time of the frame's replay and of every region inside it.
-        peak: largest bytes of its steps above what the outside holds through all of them.
-        plan: its child regions, each ``(start, stop, grandchildren)``.
-    """
-
-    cost_s: float
-    peak: int
-    plan: Plan
 
 
 @dataclass(frozen=True)
@@ -81,34 +66,6 @@ class _Frame:
     eth: int  # ... at the steps handling ops from this one on
     rec_const: int  # bytes at each step of its replay besides the ops' own
     m: int  # bytes left above the outside
-
-
-# A DP entry: (kept bytes K, value, peak so far, cost so far, previous entry, piece or None);
-# the value is the cost, or the peak when minimizing the peak.
-Entry = tuple
-
-
-def _prune(entries: list[Entry]) -> list[Entry]:
-    """The Pareto front over (kept bytes, value): ascending bytes, strictly falling value
-    (ties: the lower peak, then the entry found first)."""
-    entries.sort(key=lambda e: (e[0], e[1], e[2]))
-    front: list[Entry] = []
-    for e in entries:
-        if not front or e[1] < front[-1][1]:
-            if front and front[-1][0] == e[0]:
-                continue
-            front.append(e)
-    return front
-
-
-def _pieces(last: Entry) -> Plan:
-    plan = []
-    e = last
-    while e is not None and e[4] is not None:
-        if e[5] is not None:
-            plan.append(e[5])
-        e = e[4]
-    return tuple(reversed(plan))
 
 
 class NestedDp:
@@ -246,7 +203,7 @@ class NestedDp:
             for (ih, h1), cands in sorted(states.items()):
                 if not cands:  # a bucket a child opened and nothing fitted
                     continue
-                front = _prune(cands)
+                front = prune(cands)
                 if plain:
                     for entry in front:
                         self._plain(f, p, ih, h1, entry, pending, finals)
@@ -255,7 +212,7 @@ class NestedDp:
         if not finals:
             return None
         best = min(finals, key=lambda e: (e[1], e[2], e[3]))
-        return FrameResult(best[3], max(best[2], tail_peak), _pieces(best))
+        return FrameResult(best[3], max(best[2], tail_peak), pieces(best))
 
     def _plain(
         self,
@@ -337,9 +294,9 @@ class NestedDp:
             star = q > f.last  # the piece holding the last packer: not run in the replay
             const_q, ext = const, (0, 0)
             if partial_o:
-                const_q, ext = _split(ob, c.fp[a], p, q, const_q, ext)
+                const_q, ext = split_outer(ob, c.fp[a], p, q, const_q, ext)
             if f.eb:
-                const_q, ext = _split(f.eb, f.eth, p, q, const_q, ext)
+                const_q, ext = split_outer(f.eb, f.eth, p, q, const_q, ext)
             room = m - const_q  # the child's bytes are this less the kept bytes
             if not peak_mode and lower > room - k_min:
                 break  # every op's backward runs in the child's steps; larger q: no better
@@ -386,7 +343,7 @@ class NestedDp:
             ends = self._children_at(-1, n, p)
             inp = c.inp(p)
             for ih, cands in sorted(states.items()):
-                for entry in _prune(cands):
+                for entry in prune(cands):
                     k_held = entry[0]
                     if plain:
                         held_in = p > 0 and (ih or c.sin[p])
@@ -430,18 +387,4 @@ class NestedDp:
         if not finals:
             return None
         best = min(finals, key=lambda e: (e[1], e[2], e[3]))
-        return best[3], best[2], _pieces(best)
-
-
-def _split(
-    nbytes: int, th: int, p: int, q: int, const: int, ext: tuple[int, int]
-) -> tuple[int, tuple[int, int]]:
-    """Adds a tensor alive at the steps handling ops ``>= th`` to a child ``[p, q)``: to its
-    constant bytes (all of its steps), to nothing, or as its one partial tensor."""
-    if th <= p:
-        return const + nbytes, ext
-    if th >= q:
-        return const, ext
-    if ext[0]:
-        raise SolverError("two outer tensors alive on part of a region's steps; a bug.")
-    return const, (nbytes, th)
+        return best[3], best[2], pieces(best)
