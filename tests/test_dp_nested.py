@@ -165,3 +165,18 @@ def test_graphs_that_are_no_simple_chain_are_refused_with_the_reason() -> None:
     graph = random_dag(6, seed=0, skip_prob=0.9, max_inputs=3)
     with pytest.raises(SolverError, match="not a simple chain"):
         get_solver("dp_nested")(graph, 10**9)
+
+
+def test_auto_general_takes_the_nested_optimum_below_the_keep_set_floor() -> None:
+    graph = chain_graph(16, activation_bytes=[(k % 3 + 1) << 10 for k in range(16)])
+    keep_min = get_solver("dp_chain")(graph, 0).peak_bytes
+    budget = int(0.8 * keep_min)
+    exact = get_solver("dp_nested")(graph, budget, time_limit_s=20)
+    assert exact.status == SolveStatus.OPTIMAL and exact.schedule.nested
+    result = get_solver("auto", general=True)(graph, budget, time_limit_s=30)
+    assert_valid_result(graph, result, budget)
+    # Cached ops lie outside dp_nested's space: auto claims no bound over its own.
+    assert result.status == SolveStatus.FEASIBLE and result.bound is None
+    assert result.objective <= exact.objective * (1 + 1e-12)
+    assert result.stats["nested_optimum"]["status"] == "optimal"
+    assert result.stats["nested_optimum"]["objective_s"] == exact.objective
