@@ -11,6 +11,11 @@ Three parts, one results directory (``benchmarks/results/general_space``):
 * conv nets from the zoo (VGG, ResNet): keep-set against general at several budgets, the
   general plans measured (peak against prediction, gradients against the original).
 
+With ``--dp-nested``, the exact nested DP (``dp_nested``: simple chains only, refused
+elsewhere) and the nested heuristic side by side: on the corpus graphs it accepts (columns
+``dp_nested_*`` and ``nested_*``), and on the deep chain at the 0.75x budget and at its
+smallest peak (``deep_chain.dp_nested``).
+
 Usage::
 
     python benchmarks/general_space.py --time-limit 10
@@ -34,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 import chkpt_opt  # noqa: E402
 from chkpt_opt import zoo  # noqa: E402
 from chkpt_opt.api import Plan  # noqa: E402
+from chkpt_opt.errors import SolverError  # noqa: E402
 from chkpt_opt.graphs.io import load_graph  # noqa: E402
 from chkpt_opt.measure import measure_step  # noqa: E402
 from chkpt_opt.schedule import Schedule  # noqa: E402
@@ -55,7 +61,23 @@ def _row(result: SolveResult) -> dict:
     }
 
 
-def corpus(time_limit_s: float, out: Path, max_ops: int) -> list[dict]:
+def nested_side_by_side(graph, budget: int, time_limit_s: float) -> dict:
+    """``dp_nested`` and the nested heuristic at one budget (a refusal is recorded)."""
+    row: dict = {}
+    for name in ("dp_nested", "nested"):
+        start = time.perf_counter()
+        try:
+            result = get_solver(name)(graph, budget, time_limit_s=time_limit_s)
+        except SolverError as err:
+            row[f"{name}_refused"] = str(err)[:80]
+            continue
+        row.update({f"{name}_{k}": v for k, v in _row(result).items()})
+        row[f"{name}_solve_s"] = round(time.perf_counter() - start, 2)
+        row[f"{name}_optimal_over"] = result.stats.get("optimal_over")
+    return row
+
+
+def corpus(time_limit_s: float, out: Path, max_ops: int, dp_nested: bool = False) -> list[dict]:
     rows = []
     for path in sorted((ROOT / "graphs").glob("*.json")):
         graph = load_graph(path)
@@ -77,10 +99,13 @@ def corpus(time_limit_s: float, out: Path, max_ops: int) -> list[dict]:
                 row.update({f"{space}_{k}": v for k, v in _row(result).items()})
                 row[f"{space}_solve_s"] = round(time.perf_counter() - start, 2)
                 row[f"{space}_smallest_peak_fraction"] = round(mins[space] / keep_all, 4)
+            if dp_nested:
+                row.update(nested_side_by_side(graph, budget, time_limit_s))
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(out / "corpus.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        fields = list(dict.fromkeys(k for row in rows for k in row))
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
     return rows
@@ -109,7 +134,7 @@ def _measured(model: nn.Module, args: tuple, kwargs: dict, plan: Plan) -> dict:
     }
 
 
-def deep_chain(time_limit_s: float) -> dict:
+def deep_chain(time_limit_s: float, dp_nested: bool = False) -> dict:
     model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
     graph = chkpt_opt.trace(model, (x,))
     static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
@@ -132,6 +157,11 @@ def deep_chain(time_limit_s: float) -> dict:
         **_measured(model, (x,), {}, plan),
     }
     out["measured_step_bytes"] = out["measured_peak_bytes"] + resident
+    if dp_nested:
+        out["dp_nested"] = {
+            "at_0.75": nested_side_by_side(graph, budget - resident, time_limit_s),
+            "smallest": nested_side_by_side(graph, 0, time_limit_s),
+        }
     print(json.dumps(out), flush=True)
     return out
 
@@ -182,16 +212,19 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--max-ops", type=int, default=320)
     parser.add_argument("-o", type=Path, default=ROOT / "benchmarks/results/general_space")
+    parser.add_argument(
+        "--dp-nested", action="store_true", help="add dp_nested beside the nested heuristic"
+    )
     args = parser.parse_args()
     args.o.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
     results = {
         "command": " ".join(["python", "benchmarks/general_space.py", *sys.argv[1:]]),
         "torch": torch.__version__,
-        "deep_chain": deep_chain(args.time_limit),
+        "deep_chain": deep_chain(args.time_limit, args.dp_nested),
         "conv_nets": conv_nets(args.time_limit),
     }
-    results["corpus_rows"] = len(corpus(args.time_limit, args.o, args.max_ops))
+    results["corpus_rows"] = len(corpus(args.time_limit, args.o, args.max_ops, args.dp_nested))
     (args.o / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
 

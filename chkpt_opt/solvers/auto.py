@@ -30,12 +30,14 @@ programs a proven gap, and proves a budget below every schedule's peak infeasibl
 
 Beyond keep-set (``general=True``; off by default, see below): the proofs above hold over
 keep-set schedules (``stats["proofs_over"] == "keep_set"``). With the time the keep-set
-stages left (and a few seconds of grace), the cached-op search starts from the keep-set
-results, and where no keep-set schedule fits, the nested (multi-level) search looks below
-the keep-set memory floor. A schedule from them wins only if it is better (cheaper while
-fitting, or a lower peak while nothing fits); it is then ``feasible`` (or ``infeasible``)
-with the recompute bound, the one bound here that holds over the larger space, and
-``stats["keep_set"]`` records the keep-set result it beat.
+stages left (and a few seconds of grace), ``dp_nested`` (exact over nested schedules that
+cache nothing, on graphs that are simple chains; it refuses others at once) runs, the
+cached-op search starts from the keep-set results, and where no keep-set schedule fits,
+the nested (multi-level) heuristic looks below the keep-set memory floor; a proof of
+``dp_nested`` is reported in ``stats["nested_optimum"]``. A schedule from them wins only
+if it is better (cheaper while fitting, or a lower peak while nothing fits); it is then
+``feasible`` (or ``infeasible``) with the recompute bound, the one bound here that holds
+over the larger space, and ``stats["keep_set"]`` records the keep-set result it beat.
 
 ``general`` is off by default because codegen's nested regions and cached ops are not yet
 right in every case the keep-set path handles: explicit generators, models that write
@@ -236,22 +238,47 @@ def _beyond_keep_set(
     keep_stats = dict(keep.stats, proofs_over="keep_set")
     if keep.feasible and keep.objective <= 0.0:  # nothing is cheaper than no recompute
         return dataclasses.replace(keep, stats=keep_stats)
-    searches = [get_solver("cached", warm_start=start) for start in starts]
+    # The exact nested DP first (it refuses graphs that are no simple chain at once), then
+    # the cached-op searches from the keep-set results, and the nested heuristic where no
+    # keep-set schedule fits.
+    searches = [get_solver("dp_nested")]
+    searches += [get_solver("cached", warm_start=start) for start in starts]
     if not keep.feasible:
         searches.append(get_solver("nested"))
     found = []
+    refused: dict[str, str] = {}
     for k, search in enumerate(searches):
         share = deadline.remaining_s()
         if share is not None:
             share /= len(searches) - k
-        found.append(search(graph, budget_bytes, time_limit_s=share))
+        try:
+            found.append(search(graph, budget_bytes, time_limit_s=share))
+        except SolverError as err:
+            refused[search.name] = str(err)
     keep_stats["beyond_keep_set"] = {f"{r.solver}#{k}": r.status.value for k, r in enumerate(found)}
+    if refused:
+        keep_stats["beyond_keep_set_refused"] = refused
+    # A proof over a part of the space beyond keep-set (dp_nested's: nested schedules that
+    # cache nothing), by what the result says it proves.
+    exact = next((r for r in found if r.proven and r.stats.get("optimal_over")), None)
+    if exact is not None:
+        keep_stats["nested_optimum"] = {
+            "status": exact.status.value,
+            "objective_s": exact.objective,
+            "peak_bytes": exact.peak_bytes,
+            "optimal_over": exact.stats.get("optimal_over"),
+        }
     better = [r for r in found if _improves(r, keep)]
     if not better:
         return dataclasses.replace(keep, stats=keep_stats, solve_s=deadline.elapsed_s())
     best = best_of(better)
     stats = dict(best.stats)
     stats.update(
+        {
+            k: keep_stats[k]
+            for k in ("nested_optimum", "beyond_keep_set_refused")
+            if k in keep_stats
+        },
         tried={**keep.stats.get("tried", {}), **keep_stats["beyond_keep_set"]},
         chosen=best.solver,
         beyond_keep_set=keep_stats["beyond_keep_set"],

@@ -85,6 +85,7 @@ _BUILTIN = (
     "pruned",
     "nested",
     "caching",
+    "dp_nested",
 )
 _UNAVAILABLE: dict[str, str] = {}
 

@@ -47,8 +47,11 @@ def _laminar(cuts: list[int], lo: int, hi: int, proper: bool) -> Iterator[list[S
             yield [span for family in combo for span in family]
 
 
-def general_schedules(graph: CostGraph, *, max_schedules: int = 200_000) -> Iterator[Schedule]:
-    """Every valid general schedule of ``graph`` (raises past ``max_schedules``)."""
+def general_schedules(
+    graph: CostGraph, *, max_schedules: int = 200_000, cache: bool = True
+) -> Iterator[Schedule]:
+    """Every valid general schedule of ``graph`` (raises past ``max_schedules``); with
+    ``cache=False`` only those that cache nothing (nested regions alone)."""
     order = ordered_nodes(graph)
     ok = cut_positions(graph)
     cuts = [p for p in range(len(order) + 1) if ok[p]]
@@ -62,7 +65,7 @@ def general_schedules(graph: CostGraph, *, max_schedules: int = 200_000) -> Iter
             regions=tuple(tuple(order[a:b]) for a, b in outer),
             nested=tuple(tuple(order[a:b]) for a, b in family if (a, b) not in outer),
         )
-        choices = cache_candidates(graph, base)
+        choices = cache_candidates(graph, base) if cache else []
         for k in range(len(choices) + 1):
             for saved in itertools.combinations(choices, k):
                 count += 1
@@ -76,10 +79,13 @@ def general_schedules(graph: CostGraph, *, max_schedules: int = 200_000) -> Iter
                 yield schedule
 
 
-def general_optimum(graph: CostGraph, budget_bytes: int) -> tuple[Schedule, MemoryProfile] | None:
-    """The cheapest general schedule within ``budget_bytes`` (ties: lower peak), or None."""
+def general_optimum(
+    graph: CostGraph, budget_bytes: int, *, cache: bool = True
+) -> tuple[Schedule, MemoryProfile] | None:
+    """The cheapest general schedule within ``budget_bytes`` (ties: lower peak), or None;
+    ``cache=False``: among those that cache nothing."""
     best: tuple[Schedule, MemoryProfile] | None = None
-    for schedule in general_schedules(graph):
+    for schedule in general_schedules(graph, cache=cache):
         profile = simulate(graph, schedule, check=False)
         if profile.peak_bytes > budget_bytes:
             continue
@@ -89,6 +95,9 @@ def general_optimum(graph: CostGraph, budget_bytes: int) -> tuple[Schedule, Memo
     return best
 
 
-def general_smallest_peak(graph: CostGraph) -> int:
-    """The lowest peak of any general schedule of ``graph``."""
-    return min(simulate(graph, s, check=False).peak_bytes for s in general_schedules(graph))
+def general_smallest_peak(graph: CostGraph, *, cache: bool = True) -> int:
+    """The lowest peak of any general schedule of ``graph`` (``cache=False``: of those that
+    cache nothing)."""
+    return min(
+        simulate(graph, s, check=False).peak_bytes for s in general_schedules(graph, cache=cache)
+    )

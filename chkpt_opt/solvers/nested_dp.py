@@ -1,0 +1,390 @@
+"""The dynamic program of :mod:`chkpt_opt.solvers.dp_nested` over a simple chain
+(:mod:`chkpt_opt.solvers.nested_chain`): rotor's recurrence, with the memory of every step
+as :func:`chkpt_opt.op_sequence.lower` counts it.
+
+**Frames.** The top frame runs the forward pass; a region's frame is its replay. Either
+one is a partition of its span into *pieces*: plain ops (they save what their backward
+needs, in that frame) and child regions (nested non-reentrant checkpoints). A frame runs
+its pieces in order (the forward pass, or the replay up to its early stop), then their
+*sections* in reverse: a plain op's section is its backward step; a child's is the child's
+frame (its replay, then its pieces' sections). So everything a later piece does nests
+between an earlier piece's run and its section, and what the earlier pieces hold through it
+is a sum ``K`` of *boundary tensors*: the output of op ``p - 1`` is held past its reader
+when op ``p - 1`` is a plain op saving its output (until its backward: the state ``Ih`` at
+``p``) or the piece starting at ``p`` holds it (a plain op saving its input, or a child
+region, which keeps its input until its replay ends). A frame's DP keeps, per position and
+state, the Pareto front of (``K``, recompute time); every step of a piece is checked against
+the budget with the ``K`` of its entry.
+
+**A region's own frame** (what lower does): its replay is triggered before the backward of
+its last packer ``L`` (the last op in it that saves anything), runs from its first op up to
+that packer (included if it saves its own output) or up to the child holding it (excluded),
+and keeps its input (the *outer* tensor ``O``) until the replay ends. The backward steps of
+the ops after ``L`` (the *tail*, none of which saves anything) run before the replay of the
+outermost region with that last packer. Past its replay, ``O`` is alive where its holders
+say: the piece before the region in its parent (``ALWAYS``), the op at the region's start
+saving its input (``ALWAYS``), the first child (until that child's replay ends), and for an
+outermost region its checkpoint until the backward of its first packer (``KEY``: the steps
+handling ops from that packer on). A frame receives how ``O`` is held from outside
+(``mode``) and at most one outer tensor alive on part of its steps (``ext``: bytes alive
+at the steps handling ops from ``ext_th`` on), and the bytes ``m`` left above what the
+outside holds at all of its steps. Its value is the cheapest plan whose steps fit ``m``;
+memoized per frame over ranges of ``m`` (a plan that is optimal for ``m`` and peaks at
+``P`` is optimal for every budget in ``[P, m]``).
+
+**Space.** Every region contains a packer: a region without one is never replayed and
+holds nothing a plain op would not (or, inside a replay, makes the replay run further), so
+it is never better; the brute-force tests check the claim on small chains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chkpt_opt.errors import SolverError
+from chkpt_opt.solvers.chain_replay import Rmq
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
+from chkpt_opt.solvers.nested_chain import NestedChain, Plan
+from chkpt_opt.solvers.nested_front import Entry, FrameResult, pieces, prune, split_outer
+
+NONE, KEY, ALWAYS = 0, 1, 2
+"""How a frame's outer tensor is held past the frame's replay (see the module docstring)."""
+
+INF_BYTES = 1 << 62
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """What the pieces of one frame ``[a, b)`` are evaluated with (module docstring)."""
+
+    a: int
+    b: int
+    last: int  # its last packer (its replay's trigger)
+    mode: int  # how its outer tensor is held from outside
+    ob: int  # bytes of its outer tensor
+    eb: int  # bytes of the outer tensor alive on part of its steps (0: none)
+    eth: int  # ... at the steps handling ops from this one on
+    rec_const: int  # bytes at each step of its replay besides the ops' own
+    m: int  # bytes left above the outside
+
+
+class NestedDp:
+    """The DP of the module docstring over one chain.
+
+    Args:
+        chain: the chain's facts.
+        deadline: every frame solve checks it (``DeadlineExceeded``).
+        minimize_peak: find the lowest peak (ties: the cheapest) instead of the cheapest
+            plan within a budget.
+        cuts: the positions where regions may begin and end (allowed cuts of the chain;
+            all of them by default).
+        forced: evaluate one plan instead of optimizing: per frame span (``None`` for the
+            top frame), the child regions it must have; every other op is plain.
+    """
+
+    def __init__(
+        self,
+        chain: NestedChain,
+        *,
+        deadline: Deadline = NO_DEADLINE,
+        minimize_peak: bool = False,
+        forced: dict[tuple[int, int] | None, set[tuple[int, int]]] | None = None,
+        cuts: list[int] | None = None,
+    ) -> None:
+        c = self.c = chain
+        self.deadline = deadline
+        self.peak_mode = minimize_peak
+        self.forced = forced
+        self.cuts = [p for p in range(c.n + 1) if c.ok[p]] if cuts is None else list(cuts)
+        usable = set(self.cuts)
+        self.body = [c.w[i] + c.a[i] + (c.a[i - 1] if i else 0) for i in range(c.n)]
+        self.bwd = Rmq(list(c.bwd_base))
+        # ends[p]: where a region starting at p may stop (it must hold a packer).
+        self.ends = [
+            [q for q in self.cuts if q > c.fp[p]] if p < c.n and p in usable else []
+            for p in range(c.n + 1)
+        ]
+        self.memo: dict[tuple, list[tuple[int, int, FrameResult]]] = {}
+        self.infeasible: dict[tuple, int] = {}
+        self.frames_solved = 0
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _children_at(self, a: int, b: int, p: int) -> list[int]:
+        """Ends of the child regions of frame ``[a, b)`` (``a < 0``: the top frame) that
+        may start at ``p``, ascending."""
+        if self.forced is None:
+            return [q for q in self.ends[p] if q <= b and (a < 0 or (p, q) != (a, b))]
+        spans = self.forced.get((a, b) if a >= 0 else None, set())
+        return [q for s, q in sorted(spans) if s == p]
+
+    def _plain_allowed(self, a: int, b: int, p: int) -> bool:
+        if self.forced is None:
+            return True
+        spans = self.forced.get((a, b) if a >= 0 else None, set())
+        return not any(s == p for s, _ in spans)
+
+    def _extend(
+        self, entry: Entry, kept: int, need: int, cost_s: float, piece: tuple | None
+    ) -> Entry:
+        """``entry`` followed by a piece that keeps ``kept`` bytes more for what follows,
+        peaks at ``need`` and costs ``cost_s``."""
+        peak = max(entry[2], need)
+        cost = entry[3] + cost_s
+        return (entry[0] + kept, peak if self.peak_mode else cost, peak, cost, entry, piece)
+
+    # -- a region's frame -----------------------------------------------------------------
+
+    def frame(
+        self, a: int, b: int, mode: int, eb: int, eth: int, tail_done: bool, m: int
+    ) -> FrameResult | None:
+        """The best plan of region ``[a, b)``'s frame within ``m`` bytes (see the module
+        docstring), or None."""
+        c = self.c
+        if c.sin[a] or (mode == KEY and c.fp[a] <= a):
+            mode = ALWAYS
+        if eb and eth <= a:
+            m -= eb
+            eb = 0
+        if not eb or eth >= b:
+            eb, eth = 0, 0
+        if c.lp[b] == b - 1:
+            tail_done = False  # no tail: nothing to hoist
+        if self.peak_mode:
+            m = INF_BYTES  # no budget: the peak is what is minimized
+        if m < 0:
+            return None
+        key = (a, b, mode, eb, eth, tail_done)
+        if m <= self.infeasible.get(key, -1):
+            return None
+        for lo, hi, result in self.memo.get(key, ()):
+            if lo <= m <= hi:
+                return result
+        self.deadline.check("dp_nested's DP")
+        result = self._solve_frame(a, b, mode, eb, eth, tail_done, m)
+        self.frames_solved += 1
+        if result is None:
+            self.infeasible[key] = max(m, self.infeasible.get(key, -1))
+        else:
+            # No plan of the frame is cheaper than its replay with every op plain: that
+            # result holds for every larger budget too.
+            last = c.lp[b]
+            floor = c.run_time_s(a, last + 1 if c.sout[last] else last)
+            hi = INF_BYTES if result.cost_s <= floor * (1 + 1e-12) else m
+            self.memo.setdefault(key, []).append((result.peak, hi, result))
+        return result
+
+    def _solve_frame(
+        self, a: int, b: int, mode: int, eb: int, eth: int, tail_done: bool, m: int
+    ) -> FrameResult | None:
+        c = self.c
+        last = c.lp[b]
+        if last < a:
+            raise SolverError(f"region {a}..{b} holds no packer; a bug in dp_nested.")
+        ob = c.inp(a)
+        tail_peak = 0
+        if not tail_done and last < b - 1:
+            tail_peak = self.bwd(last + 1, min(b - 1, eth - 1) if eb else b - 1) + ob
+            if eb:
+                tail_peak = max(tail_peak, self.bwd(max(last + 1, eth), b - 1) + ob + eb)
+            if tail_peak > m:
+                return None
+        rec_const = c.rec_base[last] + ob + (eb if eb and last >= eth else 0)
+        f = _Frame(a, b, last, mode, ob, eb, eth, rec_const, m)
+        start: Entry = (0, 0.0, 0, 0.0, None, None)
+        pending: dict[int, dict[tuple[bool, bool], list[Entry]]] = {a: {(False, False): [start]}}
+        finals: list[Entry] = []
+        for p in range(a, b):
+            states = pending.pop(p, None)
+            if not states:
+                continue
+            plain = self._plain_allowed(a, b, p)
+            ends = self._children_at(a, b, p)
+            for (ih, h1), cands in sorted(states.items()):
+                if not cands:  # a bucket a child opened and nothing fitted
+                    continue
+                front = prune(cands)
+                if plain:
+                    for entry in front:
+                        self._plain(f, p, ih, h1, entry, pending, finals)
+                if ends:
+                    self._children(f, p, ih, h1, front, ends, pending, finals)
+        if not finals:
+            return None
+        best = min(finals, key=lambda e: (e[1], e[2], e[3]))
+        return FrameResult(best[3], max(best[2], tail_peak), pieces(best))
+
+    def _plain(
+        self,
+        f: _Frame,
+        p: int,
+        ih: bool,
+        h1: bool,
+        entry: Entry,
+        pending: dict[int, dict[tuple[bool, bool], list[Entry]]],
+        finals: list[Entry],
+    ) -> None:
+        """Extends ``entry`` by op ``p`` as a plain op of frame ``f``."""
+        c = self.c
+        a, last, mode = f.a, f.last, f.mode
+        if p > last:
+            raise SolverError(f"op {p} lies past the last packer of {a}..{f.b}; a bug.")
+        k_held = entry[0]
+        runs = p < last or c.sout[p]
+        inp = c.a[p - 1] if p > a else 0
+        o_alive = mode == ALWAYS or (p > a and (h1 or (mode == KEY and p >= c.fp[a])))
+        held_in = p > a and (ih or c.sin[p])
+        need = (
+            c.bwd_base[p]
+            + (f.ob if o_alive else 0)
+            + (f.eb if f.eb and p >= f.eth else 0)
+            + k_held
+            + (inp if held_in else 0)
+            + (c.a[p] if c.sout[p] else 0)
+        )
+        if runs:
+            need = max(need, f.rec_const + c.w[p] + k_held + inp + c.a[p])
+        if need > f.m:
+            return
+        new = self._extend(entry, inp if held_in else 0, need, c.t[p] if runs else 0.0, None)
+        if p == last:
+            finals.append(new)
+        else:
+            state = (c.sout[p], False if p == a else h1)
+            pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
+
+    def _children(
+        self,
+        f: _Frame,
+        p: int,
+        ih: bool,
+        h1: bool,
+        front: list[Entry],
+        ends: list[int],
+        pending: dict[int, dict[tuple[bool, bool], list[Entry]]],
+        finals: list[Entry],
+    ) -> None:
+        """Extends each entry of ``front`` (kept bytes ascending) by each child region
+        ``[p, q)`` of frame ``f``, ``q`` in ``ends`` (ascending)."""
+        c = self.c
+        a, mode, ob, m = f.a, f.mode, f.ob, f.m
+        peak_mode = self.peak_mode
+        inp = c.a[p - 1] if p > a else 0
+        if p == a:  # the first child takes over the frame's outer tensor
+            mode_c, const = mode, 0
+        else:
+            mode_c = ALWAYS if ih else NONE
+            const = ob if mode == ALWAYS or h1 else 0
+        partial_o = p > a and mode == KEY and not h1
+        state = (False, True if p == a else h1)
+        k_min = front[0][0]
+        run_body = c.w[p] + c.a[p]
+        i = p + 1  # ops p..i-1 are in run_body
+        lower = c.bwd_base[p]  # the largest backward step of ops p..j-1
+        j = p + 1
+        for q in ends:
+            while i < q:
+                if self.body[i] > run_body:
+                    run_body = self.body[i]
+                i += 1
+            while j <= c.lp[q]:
+                if c.bwd_base[j] > lower:
+                    lower = c.bwd_base[j]
+                j += 1
+            star = q > f.last  # the piece holding the last packer: not run in the replay
+            const_q, ext = const, (0, 0)
+            if partial_o:
+                const_q, ext = split_outer(ob, c.fp[a], p, q, const_q, ext)
+            if f.eb:
+                const_q, ext = split_outer(f.eb, f.eth, p, q, const_q, ext)
+            room = m - const_q  # the child's bytes are this less the kept bytes
+            if not peak_mode and lower > room - k_min:
+                break  # every op's backward runs in the child's steps; larger q: no better
+            run_base = 0 if star else f.rec_const + inp + run_body
+            if run_base + k_min > m:
+                continue  # (a piece holding the last packer is not run: go on to it)
+            cost_run = 0.0 if star else c.run_time_s(p, q)
+            bucket = finals if star else pending.setdefault(q, {}).setdefault(state, [])
+            sub: FrameResult | None = None
+            sub_hi = -1
+            for entry in front:
+                k_held = entry[0]
+                budget_c = room - k_held
+                if not peak_mode and (lower > budget_c or run_base + k_held > m):
+                    break  # the kept bytes only grow along the front
+                if sub is None or not sub.peak <= budget_c <= sub_hi:
+                    sub = self.frame(p, q, mode_c, ext[0], ext[1], star, budget_c)
+                    if sub is None:
+                        break  # nothing fits this child with less room either
+                    sub_hi = budget_c
+                need = sub.peak + k_held + const_q
+                if not star and run_base + k_held > need:
+                    need = run_base + k_held
+                bucket.append(
+                    self._extend(entry, inp, need, cost_run + sub.cost_s, (p, q, sub.plan))
+                )
+
+    # -- the top frame --------------------------------------------------------------------
+
+    def top(self, budget_bytes: int) -> tuple[float, int, Plan] | None:
+        """The best plan of the whole chain within ``budget_bytes`` (ignored when minimizing
+        the peak): (recompute time, predicted peak, outermost regions), or None."""
+        c = self.c
+        n = c.n
+        budget = INF_BYTES if self.peak_mode else budget_bytes
+        start: Entry = (0, 0.0, 0, 0.0, None, None)
+        pending: dict[int, dict[bool, list[Entry]]] = {0: {False: [start]}}
+        for p in range(n):
+            self.deadline.check("dp_nested's DP")
+            states = pending.pop(p, None)
+            if not states:
+                continue
+            plain = self._plain_allowed(-1, n, p)
+            ends = self._children_at(-1, n, p)
+            inp = c.inp(p)
+            for ih, cands in sorted(states.items()):
+                for entry in prune(cands):
+                    k_held = entry[0]
+                    if plain:
+                        held_in = p > 0 and (ih or c.sin[p])
+                        need = max(
+                            c.w[p] + k_held + inp + c.a[p],
+                            c.bwd_base[p]
+                            + k_held
+                            + (inp if held_in else 0)
+                            + (c.a[p] if c.sout[p] and p < n - 1 else 0),
+                        )
+                        if need <= budget:
+                            new = self._extend(entry, inp if held_in else 0, need, 0.0, None)
+                            state = bool(c.sout[p]) and p < n - 1
+                            pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
+                    run_body = c.w[p] + c.a[p]
+                    i = p + 1
+                    for q in ends:
+                        while i < q:
+                            run_body = max(run_body, self.body[i])
+                            i += 1
+                        run = k_held + inp + run_body
+                        if run > budget or (
+                            not self.peak_mode and self.bwd(p, c.lp[q]) > budget - k_held
+                        ):
+                            break  # both only grow with q
+                        mode = ALWAYS if ih else KEY
+                        sub = self.frame(p, q, mode, 0, 0, False, budget - k_held)
+                        if sub is None:
+                            continue
+                        new = self._extend(
+                            entry, inp, max(run, sub.peak + k_held), sub.cost_s, (p, q, sub.plan)
+                        )
+                        pending.setdefault(q, {}).setdefault(False, []).append(new)
+        finals = []
+        for cands in pending.get(n, {}).values():
+            for e in cands:
+                # bwd_start: what the forward pass keeps, the step output and its gradient.
+                closing = self._extend(e, 0, c.cb + e[0], 0.0, None)
+                if closing[2] <= budget:
+                    finals.append(closing)
+        if not finals:
+            return None
+        best = min(finals, key=lambda e: (e[1], e[2], e[3]))
+        return best[3], best[2], pieces(best)

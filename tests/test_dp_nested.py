@@ -1,0 +1,184 @@
+"""dp_nested: its memory model against the simulator, its optimum against brute force over
+schedules that cache nothing, against dp_chain's keep-set optimum and the nested heuristic
+on the deep chain, and its time limit."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+import chkpt_opt
+from chkpt_opt import zoo
+from chkpt_opt.errors import SolverError
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.synthetic import chain_graph, random_dag
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers.dp_nested import predict
+from chkpt_opt.solvers.reference.general_enumerate import general_schedules
+from tests.conftest import assert_valid_result
+from tests.general_schedules import random_general_schedule
+
+
+def random_chain(n: int, rng: random.Random) -> CostGraph:
+    """A heterogeneous simple chain: each op saves its input, its output, both or nothing
+    (or only a resident tensor), with random workspaces, parameter gradients, gradient
+    sizes and forbidden cuts."""
+    sizes = [rng.randint(1, 9) * 100 for _ in range(n)]
+    times = [rng.uniform(1e-4, 1e-3) for _ in range(n)]
+    graph = chain_graph(n, activation_bytes=sizes, fwd_time_s=times)
+    order = ordered_nodes(graph)
+    for i, v in enumerate(order):
+        attrs = graph.nodes[v]
+        kind = rng.choice(["input", "output", "none", "both", "input", "output"])
+        saved: dict[str, int] = {}
+        if kind in ("input", "both") and i:
+            saved.update(graph.nodes[order[i - 1]]["outputs"])
+        if kind in ("output", "both"):
+            saved.update(attrs["outputs"])
+        attrs["saved"] = saved
+        attrs["n_saved"] = len(saved) or (1 if rng.random() < 0.2 else 0)
+        for key, scale in (
+            ("param_grad_bytes", 10),
+            ("fwd_workspace_bytes", 10),
+            ("bwd_workspace_bytes", 10),
+            ("grad_bytes", 100),
+        ):
+            if rng.random() < 0.2:
+                attrs[key] = rng.randint(1, 5) * scale
+        if i < n - 1 and rng.random() < 0.2:
+            attrs["cut_after_ok"] = False
+    return graph
+
+
+def test_the_dp_counts_every_schedule_of_its_space_as_the_simulator_does() -> None:
+    rng = random.Random(0)
+    checked = multi_level = 0
+    for _ in range(300):
+        graph = random_chain(rng.randint(2, 14), rng)
+        schedule = random_general_schedule(graph, rng, depth=4, cache_share=0.0)
+        try:
+            peak, cost = predict(graph, schedule)
+        except SolverError as err:  # a region that saves nothing: outside the space
+            assert "saves anything" in str(err)
+            continue
+        profile = simulate(graph, schedule)
+        assert peak == profile.peak_bytes, (schedule, peak, profile.peak_bytes)
+        assert cost == pytest.approx(profile.recompute_s, rel=1e-12, abs=1e-15)
+        checked += 1
+        multi_level += bool(schedule.nested)
+    assert checked > 150 and multi_level > 50, (checked, multi_level)
+
+
+def _brute_force_cases() -> list[tuple[str, CostGraph]]:
+    rng = random.Random(7)
+    cases = [(f"random{k}", random_chain(rng.randint(2, 5), rng)) for k in range(16)]
+    cases.append(("chain4", chain_graph(4, activation_bytes=1000)))
+    cases.append(
+        (
+            "chain5_output",
+            chain_graph(5, activation_bytes=[300, 100, 700, 200, 500], saves="output"),
+        )
+    )
+    model, (x,), _ = zoo.relu_chain(width=8, depth=1, batch=4)
+    cases.append(("relu_chain1", chkpt_opt.trace(model, (x,))))
+    return cases
+
+
+@pytest.mark.parametrize(
+    "name,graph", _brute_force_cases(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_dp_optimum_equals_the_brute_force_optimum_without_caching(
+    name: str, graph: CostGraph
+) -> None:
+    profiles = [simulate(graph, s, check=False) for s in general_schedules(graph, cache=False)]
+    keep_all = simulate(graph, Schedule()).peak_bytes
+    lowest = min(p.peak_bytes for p in profiles)
+    budgets = sorted({keep_all, (keep_all + lowest) // 2, int(0.8 * keep_all), lowest, lowest - 1})
+    for budget in budgets:
+        result = get_solver("dp_nested")(graph, budget)
+        assert_valid_result(graph, result, budget)
+        fitting = [p.recompute_s for p in profiles if p.peak_bytes <= budget]
+        if fitting:
+            assert result.status == SolveStatus.OPTIMAL, (name, budget)
+            assert result.objective == pytest.approx(min(fitting), rel=1e-12, abs=1e-15)
+        else:
+            assert result.status == SolveStatus.INFEASIBLE and result.proves_infeasible
+            assert result.peak_bytes == lowest == result.stats["min_feasible_bytes"]
+
+
+def test_never_costlier_than_the_keep_set_optimum() -> None:
+    rng = random.Random(3)
+    compared = 0
+    for k in range(6):
+        graph = random_chain(rng.randint(10, 18), rng)
+        keep_all = simulate(graph, Schedule()).peak_bytes
+        for fraction in (0.9, 0.7, 0.5, 0.35):
+            budget = int(keep_all * fraction)
+            keep = get_solver("dp_chain")(graph, budget)
+            nested = get_solver("dp_nested")(graph, budget, time_limit_s=30)
+            assert_valid_result(graph, nested, budget)
+            if keep.feasible:
+                assert nested.status == SolveStatus.OPTIMAL, (k, fraction)
+                assert nested.objective <= keep.objective * (1 + 1e-12) + 1e-15
+                compared += 1
+            else:
+                assert nested.peak_bytes <= keep.peak_bytes
+    assert compared >= 10
+
+
+def test_deep_chain_below_three_quarters_of_the_keep_set_floor_cheaper_than_nested() -> None:
+    model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
+    graph = chkpt_opt.trace(model, (x,))
+    keep_set_min = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
+    static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
+    resident = static.param_bytes + static.input_bytes
+    budget = int(0.75 * (keep_set_min + resident)) - resident
+    heuristic = get_solver("nested")(graph, budget, time_limit_s=20)
+    start = time.perf_counter()
+    result = get_solver("dp_nested")(graph, budget, time_limit_s=60)  # 15 s on 2 cores
+    assert time.perf_counter() - start < 60 + 5
+    assert_valid_result(graph, result, budget)
+    assert result.feasible and result.schedule.nested
+    assert heuristic.feasible and result.objective <= heuristic.objective
+    if result.status == SolveStatus.OPTIMAL:  # no costlier than any keep-set schedule
+        assert result.bound == result.objective and result.stats["cuts_used"] == 67
+    else:  # the full solve was cut short: no claim
+        assert result.stats["timed_out"] and result.bound is None
+        assert "of the 67 allowed cuts" in result.stats["optimal_over"]
+
+
+def test_time_limit_is_kept_with_an_honest_status() -> None:
+    graph = chain_graph(120, activation_bytes=[(k % 5 + 1) << 10 for k in range(120)])
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.2)
+    start = time.perf_counter()
+    result = get_solver("dp_nested")(graph, budget, time_limit_s=0.5)
+    assert time.perf_counter() - start < 0.5 + 5
+    assert_valid_result(graph, result, budget)
+    if result.stats.get("timed_out"):
+        assert result.status in (SolveStatus.FEASIBLE, SolveStatus.TIMED_OUT)
+        assert result.bound is None and not result.proves_infeasible
+
+
+def test_graphs_that_are_no_simple_chain_are_refused_with_the_reason() -> None:
+    graph = random_dag(6, seed=0, skip_prob=0.9, max_inputs=3)
+    with pytest.raises(SolverError, match="not a simple chain"):
+        get_solver("dp_nested")(graph, 10**9)
+
+
+def test_auto_general_takes_the_nested_optimum_below_the_keep_set_floor() -> None:
+    graph = chain_graph(16, activation_bytes=[(k % 3 + 1) << 10 for k in range(16)])
+    keep_min = get_solver("dp_chain")(graph, 0).peak_bytes
+    budget = int(0.8 * keep_min)
+    exact = get_solver("dp_nested")(graph, budget, time_limit_s=20)
+    assert exact.status == SolveStatus.OPTIMAL and exact.schedule.nested
+    result = get_solver("auto", general=True)(graph, budget, time_limit_s=30)
+    assert_valid_result(graph, result, budget)
+    # Cached ops lie outside dp_nested's space: auto claims no bound over its own.
+    assert result.status == SolveStatus.FEASIBLE and result.bound is None
+    assert result.objective <= exact.objective * (1 + 1e-12)
+    assert result.stats["nested_optimum"]["status"] == "optimal"
+    assert result.stats["nested_optimum"]["objective_s"] == exact.objective
