@@ -212,11 +212,12 @@ class BlockSearch:
         model, folded = fold_shared_lifetimes(exact, blocks)
         segments = split_model(model, blocks)
         pools: dict[int, OptionPool] = {}
-        for seg, kind in zip(segments, blocks.kinds):
+        for seg, kind in zip(segments, blocks.kinds):  # every distinct block's program
             if kind not in pools:
                 deadline.check("building the block search's per-block programs")
                 pools[kind] = OptionPool(model, seg, seed=self.seed, deadline=deadline)
-                pools[kind].sweep_levels(self.peak_levels, n_kept=self.n_kept)
+        for pool in pools.values():  # then the sweeps share what time is left
+            pool.sweep_levels(self.peak_levels, n_kept=self.n_kept)
 
         def tables() -> list[list[Option]]:
             index = {(iv.start, iv.stop): k for k, iv in enumerate(model.intervals)}
