@@ -50,7 +50,7 @@ from ortools.linear_solver import pywraplp
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
-from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 
 LP_TOLERANCE = 1e-7
 """Relative allowance for GLOP's tolerances when its optimum is reported as a bound."""
@@ -128,7 +128,7 @@ class _Closure:
 class _Rows:
     """The rows of every step of the keep-all op sequence of a graph."""
 
-    def __init__(self, graph: CostGraph) -> None:
+    def __init__(self, graph: CostGraph, deadline: Deadline = NO_DEADLINE) -> None:
         nodes = graph.nodes
         order = ordered_nodes(graph)
         self.owner = storage_owners(graph)
@@ -160,6 +160,8 @@ class _Rows:
         alive: set[str] = set()  # forward storages alive (instances "f:<storage>")
         rows: list[_Row] = []
         for p, step in enumerate(steps):
+            if p % 64 == 0:
+                deadline.check("walking the keep-all op sequence for the recompute bound")
             made = set()
             for inst, nbytes in step.alloc:
                 sizes[inst] = nbytes
@@ -238,11 +240,15 @@ def recompute_bound(
         graph: the cost graph.
         budget_bytes: the activation budget.
         deadline: the LP rounds stop once it has passed; the bound of the rows added so far
-            is returned (None if the first LP did not finish).
+            is returned (None if the first LP did not finish; with no floor either, 0, if
+            the walk of the op sequence did not).
         steps_per_round: steps added to the LP per cutting-plane round.
     """
     clock = Deadline.after(None)
-    rows = _Rows(graph)
+    try:
+        rows = _Rows(graph, deadline)
+    except DeadlineExceeded:
+        return RecomputeBound(None, 0, False, 0, False, clock.elapsed_s())
     over = [r for r in rows.rows if r.during_bytes > budget_bytes]
 
     def done(
