@@ -154,10 +154,18 @@ class OptionPool:
     """The options found so far for one distinct segment, and the sweeps that find more."""
 
     def __init__(
-        self, model: IntervalModel, seg: Segment, *, seed: int, deadline: Deadline | None = None
+        self,
+        model: IntervalModel,
+        seg: Segment,
+        *,
+        seed: int,
+        deadline: Deadline | None = None,
+        first_deadline: Deadline | None = None,
     ) -> None:
+        """``first_deadline`` (``deadline`` when None) limits the first solve, the lowest
+        peak; the sweeps after it run to ``deadline``."""
         self.model, self.seg, self.seed = model, seg, seed
-        self.deadline = deadline
+        self.deadline = first_deadline if first_deadline is not None else deadline
         self.program = BlockProgram(model, seg)
         self.found: dict[Spans, None] = {(): None}
         self.swept: set[int] = set()
@@ -177,6 +185,7 @@ class OptionPool:
         if lowest is not None:
             self.p_low, _, _ = evaluate(model, seg, lowest)
             self._add(lowest)
+        self.deadline = deadline
 
     def _solve(self, **kwargs: Any) -> list[int] | None:
         """One block solve; none once the deadline has passed (the pool keeps what it has)."""

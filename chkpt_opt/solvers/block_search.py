@@ -212,10 +212,20 @@ class BlockSearch:
         model, folded = fold_shared_lifetimes(exact, blocks)
         segments = split_model(model, blocks)
         pools: dict[int, OptionPool] = {}
-        for seg, kind in zip(segments, blocks.kinds):  # every distinct block's program
-            if kind not in pools:
-                deadline.check("building the block search's per-block programs")
-                pools[kind] = OptionPool(model, seg, seed=self.seed, deadline=deadline)
+        first = {kind: seg for seg, kind in reversed(list(zip(segments, blocks.kinds)))}
+        for k, (kind, seg) in enumerate(sorted(first.items(), key=lambda item: item[1].lo)):
+            # Every distinct block's program, each first solve with half of an even share
+            # of the time left: programs still to build need time too.
+            deadline.check("building the block search's per-block programs")
+            left = deadline.remaining_s()
+            share = None if left is None else left / (2 * (len(first) - k))
+            pools[kind] = OptionPool(
+                model,
+                seg,
+                seed=self.seed,
+                deadline=deadline,
+                first_deadline=Deadline.after(share),
+            )
         for pool in pools.values():  # then the sweeps share what time is left
             pool.sweep_levels(self.peak_levels, n_kept=self.n_kept)
 
