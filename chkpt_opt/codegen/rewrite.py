@@ -88,6 +88,15 @@ def _outline(
         for g in tree_flatten((node.args, node.kwargs))[0]
         if isinstance(g, torch.Generator)
     )
+    # The regions nested in it: its recomputation replays their generators too, before it
+    # runs them again.
+    inner = tuple(
+        m
+        for node in region
+        if node.op == "call_module"
+        for m in [gm.get_submodule(str(node.target))]
+        if isinstance(m, CheckpointRegion)
+    )
 
     wrapper = CheckpointRegion(
         body,
@@ -98,6 +107,7 @@ def _outline(
         snapshot=snapshot,
         written=written,
         generators=generators,
+        inner=inner,
         for_compile=for_compile,
         cache_key=key,
     )

@@ -73,6 +73,24 @@ def end_cached_op(token: contextvars.Token[str | None] | None) -> None:
 
 
 @contextlib.contextmanager
+def _cache_marks_scope() -> Iterator[None]:
+    """Runs a region's body with no cached op marked, and clears its marks when it ends.
+
+    Checkpoint stops a recomputation as soon as it has the tensors it needs, by raising
+    inside the body: that can happen inside a cached op, after its
+    :func:`begin_cached_op` and before its :func:`end_cached_op`. Without this scope the
+    mark would outlive the step, and the next forward pass would cache every op of that
+    region (including dropout's mask, which it then fills in place: "Tensor cached during
+    selective activation checkpoint has been mutated").
+    """
+    token = _CACHING.set(None)
+    try:
+        yield
+    finally:
+        _CACHING.reset(token)
+
+
+@contextlib.contextmanager
 def _entered(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for manager in managers:
@@ -190,8 +208,10 @@ class CheckpointRegion(torch.nn.Module):
         generators: tuple[torch.Generator, ...] = (),
         for_compile: bool = False,
         cache_key: str = "",
+        inner: tuple[CheckpointRegion, ...] = (),
     ) -> None:
         super().__init__()
+        object.__setattr__(self, "_inner", inner)  # called by the body: already in the tree
         object.__setattr__(self, "_body", body)
         object.__setattr__(self, "_root", root)
         object.__setattr__(self, "_const_generators", generators)
@@ -217,24 +237,43 @@ class CheckpointRegion(torch.nn.Module):
         return [_fetch(self._root, t) for t in self.attr_targets]
 
     def _run(
-        self, live: tuple[Any, ...], generator_states: tuple[torch.Tensor, ...], *args: Any
+        self,
+        live: tuple[Any, ...],
+        generator_states: tuple[torch.Tensor, ...],
+        calls: list[int],
+        *args: Any,
     ) -> Any:
         n = len(args) if self.n_acts is None else self.n_acts
         acts, snapshots = args[:n], args[n:]
         statics = [*live, *self._attrs()]
-        if not is_recomputing():
-            return self._body(*acts, *statics)
+        calls[0] += 1
+        if calls[0] == 1:
+            # Checkpoint's first call of the function is this call's forward run, also when
+            # it happens inside an outer region's recomputation (``is_recomputing()`` is
+            # then True): explicit generators advance from where the outer replay set them,
+            # and must not be reset afterwards, or the outer region's later random ops
+            # would draw this region's numbers again.
+            with _cache_marks_scope():
+                return self._body(*acts, *statics)
         for position, snapshot in zip(self.snapshot, snapshots):
             # A private copy where the recomputation writes into it (it replays in-place
             # updates of this state), so the saved snapshot stays intact.
             statics[position] = snapshot.clone() if position in self.written else snapshot
         generators = self._generators(statics)
-        with _replayed_generators(generators, generator_states):
+        with _replayed_generators(generators, generator_states), _cache_marks_scope():
             return self._body(*acts, *statics)
 
+    def _run_traced(self, live: tuple[Any, ...], *acts: Any) -> Any:
+        """The body as torch.compile traces it (no replays: see :meth:`forward`)."""
+        return self._body(*acts, *live, *self._attrs())
+
     def _generators(self, statics: Sequence[Any]) -> list[torch.Generator]:
+        """The explicit generators the region draws from, its inner regions' included."""
         found = [v for v in statics if isinstance(v, torch.Generator)]
-        return found + [g for g in self._const_generators if all(g is not f for f in found)]
+        found += self._const_generators
+        for region in self._inner:
+            found += region._generators(region._attrs())
+        return [g for k, g in enumerate(found) if all(g is not f for f in found[:k])]
 
     def forward(self, *args: Any) -> Any:
         n = len(args) if self.n_acts is None else self.n_acts
@@ -244,7 +283,7 @@ class CheckpointRegion(torch.nn.Module):
             # recomputes from the functional graph; state updates happen once without
             # guards, snapshots or generator replays (none of which dynamo could trace).
             return checkpoint(
-                functools.partial(self._run, live, ()),
+                functools.partial(self._run_traced, live),
                 *acts,
                 use_reentrant=False,
                 preserve_rng_state=True,
@@ -256,7 +295,7 @@ class CheckpointRegion(torch.nn.Module):
         # Checkpoint replays the default generators; explicit ones are replayed here.
         states = tuple(g.get_state() for g in self._generators(statics))
         return checkpoint(
-            functools.partial(self._run, live, states),
+            functools.partial(self._run, live, states, [0]),
             *acts,
             *snapshots,
             use_reentrant=False,
