@@ -13,13 +13,21 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import chkpt_opt
 from chkpt_opt.codegen import apply_schedule
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule
-from tests.test_hard_models import GeneratorNoise, assert_same_state, train
+from tests.test_hard_models import (
+    BatchNormNet,
+    GeneratorNoise,
+    WritesItsInput,
+    assert_same_state,
+    fresh,
+    train,
+)
 
 Spans = tuple[tuple[int, int], ...]
 
@@ -42,7 +50,7 @@ def _train_beside_reference(
     torch.manual_seed(0)
     initial = make().train()
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    plan = chkpt_opt.plan(model, fresh(args), budget=10**15, optimizer=None, solver="keep_all")
     schedule = schedule_of(plan.graph)
     optimized = apply_schedule(plan.traced.captured.fresh_module(), plan.graph, schedule)
     train(reference, reference, args, {}, context=contextlib.nullcontext, reseed=reseed)
@@ -102,3 +110,68 @@ def test_a_cached_op_at_the_end_of_a_region_trains_several_steps() -> None:
         (torch.randn(64, 32),),
         lambda graph: _schedule(graph, ((0, 4), (4, 8)), saved=(3, 7)),
     )
+
+
+# BatchNormNet's ops: per layer conv2d, add_ (num_batches_tracked), batch_norm, relu, then
+# the shared norm's add_ and batch_norm; then a functional batch norm, pow, mean (21 ops).
+@pytest.mark.parametrize(
+    ("regions", "nested"),
+    [
+        (((3, 12),), ((4, 5),)),  # the shared norm's counter: one update inside, one outside
+        (((0, 21),), ((4, 11),)),
+        (((0, 21),), ((4, 6), (10, 11))),
+        (((0, 21),), ((18, 19),)),  # the functional batch norm on the model's buffers
+    ],
+)
+def test_nested_regions_update_batch_norm_state_once(regions: Spans, nested: Spans) -> None:
+    """Before the fix, a batch norm used twice counted its batches one time too many per
+    step when its counter's chain of in-place updates began in an inner region: the outer
+    region's recomputation ran the inner region's guard (skipped) and then the rest of the
+    chain on the real counter. Now an inner region reads written state through its outer
+    region, which snapshots it and replays the whole chain into a private copy."""
+    _train_beside_reference(
+        BatchNormNet, (torch.randn(4, 8, 8, 8),), lambda graph: _schedule(graph, regions, nested)
+    )
+
+
+# WritesItsInput's ops: per layer linear, tanh, add (y); mul_ (y) after the second layer;
+# then pow, mean (15 ops).
+@pytest.mark.parametrize("nested", [((6, 7),), ((6, 9),), ((5, 7),), ((1, 13), (6, 7))])
+def test_nested_regions_around_a_write_of_a_model_input(nested: Spans) -> None:
+    """Before the fix: an inner region that doubles the input in place skipped the write
+    while its outer region was recomputed, so the outer region's later layers read the
+    input undoubled: wrong gradients. The write now goes into the outer region's private
+    copy of the input."""
+    _train_beside_reference(
+        WritesItsInput,
+        (torch.randn(64, 64), torch.randn(64, 64)),
+        lambda graph: _schedule(graph, ((0, 15),), nested),
+    )
+
+
+class OneHot(nn.Module):
+    """A one-hot code (``zeros`` then ``scatter_`` inside) and ``new_zeros`` filled by
+    ``index_add``: composite ops whose first kernel's output a later kernel writes."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inp(x))
+        code = F.one_hot(h.argmax(-1), h.shape[-1]).to(h.dtype)
+        return self.out(h * code + h).pow(2).mean()
+
+
+def test_cached_composite_ops_whose_kernels_fill_a_factory_output() -> None:
+    """Before the fix, caching ``one_hot`` cached its ``zeros`` kernel, which ``scatter_``
+    then filled in place: checkpoint refused the changed cache entry on recompute."""
+
+    def schedule(graph: CostGraph) -> Schedule:
+        order = ordered_nodes(graph)
+        cached = [i for i, n in enumerate(order) if "one_hot" in graph.nodes[n]["op"]]
+        assert cached
+        return _schedule(graph, ((0, len(order)),), saved=cached)
+
+    _train_beside_reference(OneHot, (torch.randn(32, 16),), schedule)

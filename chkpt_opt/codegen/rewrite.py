@@ -30,20 +30,28 @@ def _outline(
     *,
     for_compile: bool,
     cached: frozenset[str] = frozenset(),
+    nested: bool = False,
 ) -> list[torch.fx.Node]:
     """Outlines ``region`` into submodule ``chkpt_region_{k}``; returns the nodes that
     stand for it in ``gm`` (the call and its items). Ops named in ``cached`` are marked
-    for the region's selective-checkpoint policy."""
+    for the region's selective-checkpoint policy. A ``nested`` region (called from an
+    outer region's body) takes the module state that is written in place as arguments,
+    not from the root module: it then sees what its outer region sees, the outer
+    region's snapshot of that state while the outer region is recomputed."""
     inside = set(region)
     ext: list[torch.fx.Node] = []
     for node in region:
         for arg in node.all_input_nodes:
             if arg not in inside and arg not in ext:
                 ext.append(arg)
-    attrs = [a for a in ext if a.op == "get_attr"]
     # Values aliasing written state bypass checkpoint's saved inputs: their version
     # changes, and the recomputation must see the right value (see _snapshot_roots).
-    live = [a for a in ext if a.op != "get_attr" and info.written_root(a) is not None]
+    live = [
+        a
+        for a in ext
+        if info.written_root(a) is not None and (a.op != "get_attr" or (nested and not for_compile))
+    ]
+    attrs = [a for a in ext if a.op == "get_attr" and a not in live]
     acts = [a for a in ext if a.op != "get_attr" and a not in live]
     statics = live + attrs
     snap_roots = set() if for_compile else _snapshot_roots(region, info, gm)
@@ -119,8 +127,11 @@ def _outline(
     # its ops write.
     for node in (call, *items):
         info.position[node] = info.position[region[0]]
-    if written_here:
-        info.hop_writes[call] = set(written_here)
+    # An outer region snapshots the state that its inner regions write in place, and
+    # its recomputation replays those writes into private copies (see StateGuard).
+    written_in_place = _roots_written_by(region, info, gm, stats=False)
+    if written_in_place:
+        info.hop_writes[call] = written_in_place
     for out, item in zip(outputs, items):
         item.meta = dict(out.meta)
         if out in info.root:  # later regions see the item as the value it stands for
@@ -181,7 +192,7 @@ def apply_schedule(
             & schedule.saved
         )
         stands_for[order[span.start]] = _outline(
-            module, nodes, k, info, for_compile=for_compile, cached=cached
+            module, nodes, k, info, for_compile=for_compile, cached=cached, nested=span.depth > 0
         )
         covered.update(order[span.start : span.stop])
     module.graph.lint()

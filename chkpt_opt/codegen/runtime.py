@@ -38,6 +38,27 @@ def is_recomputing() -> bool:
     return _RECOMPUTING.get()
 
 
+# Storages of the private copies of module state that the recomputations running now
+# replay their in-place updates into (see CheckpointRegion._run).
+_PRIVATE: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "chkpt_opt_private", default=frozenset()
+)
+
+
+def _is_private(value: Any) -> bool:
+    """Whether ``value`` is (a view of) a private copy made by a running recomputation."""
+    return isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in _PRIVATE.get()
+
+
+@contextlib.contextmanager
+def _private_copies(copies: Sequence[torch.Tensor]) -> Iterator[None]:
+    token = _PRIVATE.set(_PRIVATE.get() | {c.untyped_storage().data_ptr() for c in copies})
+    try:
+        yield
+    finally:
+        _PRIVATE.reset(token)
+
+
 @contextlib.contextmanager
 def _recompute_flag() -> Iterator[None]:
     token = _RECOMPUTING.set(True)
@@ -98,6 +119,28 @@ def _entered(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[None
         yield
 
 
+_FACTORIES = ("empty", "zeros", "ones", "full", "rand", "scalar_tensor", "new_")
+
+
+@functools.cache
+def saveable_kernel(op: Any) -> bool:
+    """Whether a selective-checkpoint policy may cache the output of kernel ``op``: not a
+    view or in-place kernel (its output aliases another tensor: a cached view of an input
+    would keep the input), not a factory (a composite op fills its output in place
+    afterwards: ``zeros`` then ``scatter_`` in ``one_hot``, ``empty_like`` then
+    ``bernoulli_`` in dropout, and checkpoint refuses a cached tensor that changed), not
+    random."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    packet = schema.name.split("::")[-1]
+    if packet.startswith(_FACTORIES) or torch.Tag.nondeterministic_seeded in op.tags:
+        return False
+    if any(r.alias_info is not None for r in schema.returns):
+        return False
+    return not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
 def _selective_contexts(
     region: str,
 ) -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
@@ -106,9 +149,9 @@ def _selective_contexts(
     including the cached ops of regions nested inside, which their own region caches)."""
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        # A composite op runs several kernels: cache those that make new storages, and
-        # recompute the views among them (a cached view of an input would keep the input).
-        if _CACHING.get() == region and not getattr(func, "is_view", False):
+        # A composite op runs several kernels: cache those that make new storages and that
+        # no later kernel fills in place (see saveable_kernel), recompute the others.
+        if _CACHING.get() == region and saveable_kernel(func):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -125,6 +168,11 @@ class StateGuard(torch.nn.Module):
     pass). ``mode="skip"``: an in-place update of a buffer (``num_batches_tracked += 1``);
     on recompute it is skipped and the buffer returned. ``mode="copy"``: any other in-place
     write to module state; on recompute it writes into a copy.
+
+    An in-place write into a private copy that an enclosing region's recomputation made
+    of the state (its snapshot, which it replays the step's updates into) runs as in the
+    forward pass: the outer region's later ops read the updated copy, and the state
+    itself is not touched.
     """
 
     def __init__(self, op: Any, position: int, mode: str) -> None:
@@ -135,6 +183,8 @@ class StateGuard(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not is_recomputing():
+            return self.op(*args, **kwargs)
+        if self.mode != "momentum" and _is_private(args[self.position]):
             return self.op(*args, **kwargs)
         if self.mode == "skip":
             return args[self.position]
@@ -255,12 +305,19 @@ class CheckpointRegion(torch.nn.Module):
             # would draw this region's numbers again.
             with _cache_marks_scope():
                 return self._body(*acts, *statics)
+        copies = []
         for position, snapshot in zip(self.snapshot, snapshots):
             # A private copy where the recomputation writes into it (it replays in-place
             # updates of this state), so the saved snapshot stays intact.
             statics[position] = snapshot.clone() if position in self.written else snapshot
+            if position in self.written:
+                copies.append(statics[position])
         generators = self._generators(statics)
-        with _replayed_generators(generators, generator_states), _cache_marks_scope():
+        with (
+            _replayed_generators(generators, generator_states),
+            _cache_marks_scope(),
+            _private_copies(copies),
+        ):
             return self._body(*acts, *statics)
 
     def _run_traced(self, live: tuple[Any, ...], *acts: Any) -> Any:

@@ -212,12 +212,15 @@ def _snapshot_roots(
 
 
 def _roots_written_by(
-    region: list[torch.fx.Node], info: _StateInfo, gm: torch.nn.Module
+    region: list[torch.fx.Node], info: _StateInfo, gm: torch.nn.Module, *, stats: bool = True
 ) -> set[torch.fx.Node]:
-    """The state that ops of the region write in place."""
+    """The state that ops of the region write in place (with ``stats=False``, not counting
+    the running statistics that batch norms update: a recomputation leaves them as they
+    are, momentum 0)."""
     roots: set[torch.fx.Node] = set()
     for node in region:
-        for i in mutated_arg_positions(node, gm) + state_arg_positions(node, gm):
+        stat_positions = state_arg_positions(node, gm) if stats else []
+        for i in mutated_arg_positions(node, gm) + stat_positions:
             root = info.written_root(node.args[i]) if i < len(node.args) else None
             if root is not None:
                 roots.add(root)
