@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
@@ -22,6 +23,7 @@ from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule
 from tests.test_hard_models import (
     BatchNormNet,
+    CompileNet,
     GeneratorNoise,
     WritesItsInput,
     assert_same_state,
@@ -175,3 +177,42 @@ def test_cached_composite_ops_whose_kernels_fill_a_factory_output() -> None:
         return _schedule(graph, ((0, len(order)),), saved=cached)
 
     _train_beside_reference(OneHot, (torch.randn(32, 16),), schedule)
+
+
+def _compiled_beside_reference(make: Callable[[], nn.Module], args: tuple, schedule_of) -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    initial = make().train()
+    reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
+    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    schedule = schedule_of(plan.graph)
+    optimized = apply_schedule(plan.traced.captured.fresh_module(), plan.graph, schedule)
+    compiled = torch.compile(optimized, backend="aot_eager")
+    train(reference, reference, args, {}, context=contextlib.nullcontext, reseed=None)
+    train(compiled, model, args, {}, context=contextlib.nullcontext, reseed=None)
+    assert_same_state(reference, model)
+    explained = torch._dynamo.explain(optimized)(*args)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+
+
+def test_torch_compile_of_a_deep_multi_level_schedule() -> None:
+    """Before the fix, dynamo traced one checkpoint per level and exceeded Python's
+    recursion limit on a 15-level schedule (a prefix nested at every op, as the nested
+    solver's prefix shapes make); a compiled region now traces its flat body."""
+
+    def prefixes(graph: CostGraph) -> Schedule:
+        n = graph.number_of_nodes()
+        return _schedule(graph, ((0, n),), tuple((0, k) for k in range(n - 1, 0, -1)))
+
+    _compiled_beside_reference(CompileNet, (torch.randn(64, 32),), prefixes)
+
+
+def test_torch_compile_of_nested_regions_with_state_updates() -> None:
+    """Inner regions with batch-norm updates and their guards, inlined for compile: the
+    running statistics and counters end as the reference's."""
+    _compiled_beside_reference(
+        BatchNormNet,
+        (torch.randn(4, 8, 8, 8),),
+        lambda graph: _schedule(graph, ((0, 21),), ((2, 19), (4, 11), (5, 6), (6, 7))),
+    )

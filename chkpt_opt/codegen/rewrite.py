@@ -4,6 +4,7 @@ body GraphModule called through :class:`~chkpt_opt.codegen.runtime.CheckpointReg
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 import torch.fx
@@ -20,6 +21,54 @@ from chkpt_opt.codegen.state import (
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, check_schedule, innermost_regions, region_tree
+
+
+def _flat_body(
+    gm: torch.fx.GraphModule,
+    region: list[torch.fx.Node],
+    params: list[torch.fx.Node],
+    outputs: list[torch.fx.Node],
+    inner: tuple[CheckpointRegion, ...],
+    k: int,
+) -> tuple[torch.fx.GraphModule, tuple[str, ...]]:
+    """The region's ops with its inner regions' ops inlined, for ``torch.compile``.
+
+    Its partitioner recomputes a region from the region's inputs and does not nest, so a
+    compiled outer region traces this flat graph instead of its body: one checkpoint,
+    whatever the depth of the schedule (dynamo tracing one checkpoint per level of a deep
+    multi-level schedule exceeds Python's recursion limit). No guards: under compile,
+    state updates happen once. It takes the body's arguments, then the attributes of the
+    inner regions (their ``flat_attr_targets``), read from the root at call time.
+    """
+    flat = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
+    for arg in params:
+        env[arg] = flat.placeholder(f"in_{arg.name}")
+    extra: list[str] = []
+    extra_nodes: dict[str, torch.fx.Node] = {}
+    for region_module in inner:
+        for target in (*region_module.attr_targets, *region_module.flat_attr_targets):
+            if target not in extra_nodes:
+                extra.append(target)
+                extra_nodes[target] = flat.placeholder(f"in_flat_{len(extra)}")
+    for node in region:
+        wrapper = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if isinstance(wrapper, CheckpointRegion):
+            inner_graph = wrapper.flat_body.graph
+            phs = [n for n in inner_graph.nodes if n.op == "placeholder"]
+            targets = (*wrapper.attr_targets, *wrapper.flat_attr_targets)
+            values = [env[a] for a in node.args] + [extra_nodes[t] for t in targets]
+            env[node] = flat.graph_copy(inner_graph, dict(zip(phs, values, strict=True)))
+        elif (
+            node.target is operator.getitem
+            and node.args[0] in env
+            and isinstance(env[node.args[0]], tuple)
+        ):
+            env[node] = env[node.args[0]][node.args[1]]
+        else:
+            env[node] = flat.node_copy(node, lambda x: env[x])
+    flat.output(tuple(env[o] for o in outputs))
+    return torch.fx.GraphModule(gm, flat, class_name=f"FlatRegion{k}"), tuple(extra)
 
 
 def _outline(
@@ -88,8 +137,6 @@ def _outline(
     outputs = [n for n in region if any(u not in inside for u in n.users)]
     sub.output(tuple(env[o] for o in outputs))
     body = torch.fx.GraphModule(gm, sub, class_name=f"Region{k}")
-    if not for_compile:
-        _guard_stateful(body, gm)
     generators = tuple(
         g
         for node in region
@@ -105,6 +152,9 @@ def _outline(
         for m in [gm.get_submodule(str(node.target))]
         if isinstance(m, CheckpointRegion)
     )
+    flat = _flat_body(gm, region, acts + statics, outputs, inner, k)
+    if not for_compile:
+        _guard_stateful(body, gm)
 
     wrapper = CheckpointRegion(
         body,
@@ -116,6 +166,7 @@ def _outline(
         written=written,
         generators=generators,
         inner=inner,
+        flat=flat,
         for_compile=for_compile,
         cache_key=key,
     )

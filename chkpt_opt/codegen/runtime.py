@@ -259,8 +259,10 @@ class CheckpointRegion(torch.nn.Module):
         for_compile: bool = False,
         cache_key: str = "",
         inner: tuple[CheckpointRegion, ...] = (),
+        flat: tuple[torch.fx.GraphModule, tuple[str, ...]] | None = None,
     ) -> None:
         super().__init__()
+        object.__setattr__(self, "_flat", flat)
         object.__setattr__(self, "_inner", inner)  # called by the body: already in the tree
         object.__setattr__(self, "_body", body)
         object.__setattr__(self, "_root", root)
@@ -320,9 +322,22 @@ class CheckpointRegion(torch.nn.Module):
         ):
             return self._body(*acts, *statics)
 
+    @property
+    def flat_body(self) -> torch.fx.GraphModule:
+        """The region's ops with its inner regions' inlined, unguarded (what a compiled
+        region traces; see ``rewrite._flat_body``); the body where there is none."""
+        return self._body if self._flat is None else self._flat[0]
+
+    @property
+    def flat_attr_targets(self) -> tuple[str, ...]:
+        """The attributes :attr:`flat_body` takes after the body's arguments."""
+        return () if self._flat is None else self._flat[1]
+
     def _run_traced(self, live: tuple[Any, ...], *acts: Any) -> Any:
-        """The body as torch.compile traces it (no replays: see :meth:`forward`)."""
-        return self._body(*acts, *live, *self._attrs())
+        """The region as torch.compile traces it: its flat body, no replays (see
+        :meth:`forward`)."""
+        extra = [_fetch(self._root, t) for t in self.flat_attr_targets]
+        return self.flat_body(*acts, *live, *self._attrs(), *extra)
 
     def _generators(self, statics: Sequence[Any]) -> list[torch.Generator]:
         """The explicit generators the region draws from, its inner regions' included."""
