@@ -212,8 +212,9 @@ def apply_schedule(
     if for_compile and not schedule.is_keep_set():
         raise ScheduleError(
             "this schedule nests regions or caches ops inside them; the torch.compile path "
-            "runs keep-set schedules only. Apply it eagerly (plan.apply()), or plan with a "
-            "keep-set solver for torch.compile."
+            "runs keep-set schedules only. Apply it eagerly (plan.apply()), or compile the "
+            "plan's keep-set counterpart (plan.compile() and plan.apply(for_compile=True) "
+            "solve it at the same budget)."
         )
     by_name = {n.name: n for n in module.graph.nodes}
     missing = [n for r in schedule.regions for n in r if n not in by_name]
