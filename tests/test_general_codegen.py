@@ -25,6 +25,7 @@ from tests.test_hard_models import (
     BatchNormNet,
     CompileNet,
     GeneratorNoise,
+    StateUpdates,
     WritesItsInput,
     assert_same_state,
     fresh,
@@ -216,3 +217,34 @@ def test_torch_compile_of_nested_regions_with_state_updates() -> None:
         (torch.randn(4, 8, 8, 8),),
         lambda graph: _schedule(graph, ((0, 21),), ((2, 19), (4, 11), (5, 6), (6, 7))),
     )
+
+
+def test_a_cached_op_beside_a_buffer_update_under_no_grad() -> None:
+    """Before the fix, the recomputation failed ("aten.clone.default encountered during
+    backward but not found in storage"): a region that updates a buffer inside
+    ``torch.no_grad()`` (a higher-order op, snapshotted) makes a private copy of it when
+    recomputed, which the selective policy of a region caching an op had not counted in
+    the forward pass."""
+    state = [
+        "sigmoid",
+        "mul",
+        "linear_1",
+        "tanh_1",
+        "mul_",
+        "detach",
+        "mean",
+        "add_",
+        "add__1",
+        "sigmoid_1",
+        "mul_1",
+        "add__2",
+        "getitem_2",
+        "add",
+        "linear_2",
+    ]
+    schedule = Schedule(
+        regions=(tuple(state),),
+        nested=(("mul_", "detach"), ("mul_",), ("sigmoid_1", "mul_1", "add__2", "getitem_2")),
+        saved=frozenset({"sigmoid_1"}),
+    )
+    _train_beside_reference(StateUpdates, (torch.randn(64, 64),), lambda graph: schedule)

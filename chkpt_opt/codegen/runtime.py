@@ -305,6 +305,12 @@ class CheckpointRegion(torch.nn.Module):
             # then True): explicit generators advance from where the outer replay set them,
             # and must not be reset afterwards, or the outer region's later random ops
             # would draw this region's numbers again.
+            if self._key:
+                # A selective-checkpoint policy replays kernels by their count in the
+                # forward pass: the private copies the recomputation makes below must
+                # have their count here too (copies dropped at once).
+                for position in self.written:
+                    statics[position].clone()
             with _cache_marks_scope():
                 return self._body(*acts, *statics)
         copies = []
