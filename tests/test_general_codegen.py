@@ -20,7 +20,8 @@ from torch import nn
 import chkpt_opt
 from chkpt_opt.codegen import apply_schedule
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.schedule import Schedule, nesting_allowed
+from chkpt_opt.solvers import get_solver
 from tests.test_hard_models import (
     BatchNormNet,
     CompileNet,
@@ -248,3 +249,16 @@ def test_a_cached_op_beside_a_buffer_update_under_no_grad() -> None:
         saved=frozenset({"sigmoid_1"}),
     )
     _train_beside_reference(StateUpdates, (torch.randn(64, 64),), lambda graph: schedule)
+
+
+@pytest.mark.parametrize(("make", "may_nest"), [(WritesItsInput, False), (GeneratorNoise, True)])
+def test_the_nested_search_does_not_nest_over_state_written_in_place(make, may_nest) -> None:
+    """The snapshots an outer region takes of state written in place are not in the op
+    sequence (see schedule.nesting_allowed): the nested search keeps to one level of
+    regions on such graphs, and nests elsewhere."""
+    args = (torch.randn(64, 64), torch.randn(64, 64))[: 2 if make is WritesItsInput else 1]
+    plan = chkpt_opt.plan(make(), args, budget=10**15, optimizer=None, solver="keep_all")
+    assert nesting_allowed(plan.graph) is may_nest
+    result = get_solver("nested")(plan.graph, 0, time_limit_s=20)
+    assert bool(result.schedule.nested) is may_nest
+    assert result.stats["nesting_allowed"] is may_nest

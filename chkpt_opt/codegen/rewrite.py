@@ -84,8 +84,9 @@ def _outline(
     """Outlines ``region`` into submodule ``chkpt_region_{k}``; returns the nodes that
     stand for it in ``gm`` (the call and its items). Ops named in ``cached`` are marked
     for the region's selective-checkpoint policy. A ``nested`` region (called from an
-    outer region's body) takes the module state that is written in place as arguments,
-    not from the root module: it then sees what its outer region sees, the outer
+    outer region's body) takes the module state that is written in place as arguments
+    (not batch-norm running statistics, which recomputation leaves as they are), not from
+    the root module: it then sees what its outer region sees, the outer
     region's snapshot of that state while the outer region is recomputed."""
     inside = set(region)
     ext: list[torch.fx.Node] = []
@@ -98,7 +99,8 @@ def _outline(
     live = [
         a
         for a in ext
-        if info.written_root(a) is not None and (a.op != "get_attr" or (nested and not for_compile))
+        if info.written_root(a) is not None
+        and (a.op != "get_attr" or (nested and not for_compile and info.root[a] in info.in_place))
     ]
     attrs = [a for a in ext if a.op == "get_attr" and a not in live]
     acts = [a for a in ext if a.op != "get_attr" and a not in live]
