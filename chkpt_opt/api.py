@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ class Plan:
     activation_budget_bytes: int
     profile: MemoryProfile
     traced: Traced = field(repr=False)
+    _compiled: Plan | None = field(default=None, repr=False, compare=False)
 
     @property
     def schedule(self) -> Schedule:
@@ -99,16 +101,62 @@ class Plan:
         """Returns a new module that runs the schedule; it shares the model's parameters.
 
         With ``for_compile=True`` the module is meant for ``torch.compile``: its recompute
-        regions become regions that the compiled backward recomputes.
+        regions become regions that the compiled backward recomputes. It runs the schedule
+        of :meth:`for_compile` (the keep-set plan, where this plan's schedule nests
+        regions or caches ops).
         """
-        module = self.traced.captured.fresh_module()
-        return apply_schedule(module, self.graph, self.schedule, for_compile=for_compile)
+        plan = self.for_compile() if for_compile else self
+        module = plan.traced.captured.fresh_module()
+        return apply_schedule(module, plan.graph, plan.schedule, for_compile=for_compile)
+
+    def for_compile(self, *, time_limit_s: float | None = None) -> Plan:
+        """The plan that the compiled step runs: this plan for a keep-set schedule; for a
+        schedule with nested regions or cached ops, the best keep-set plan at the same
+        budget (solved once, by ``auto`` without its search beyond keep-set).
+
+        The compile path hands regions to the partitioner of ``torch.compile``
+        (:mod:`chkpt_opt.export.partitioner`), which recomputes a region's ops from its
+        inputs: it does not nest recomputations and its tags do not say which op of a
+        region to cache. Running this plan's schedule there would use the memory of
+        another schedule than the one predicted; the keep-set plan's prediction is what
+        the compiled step is measured against (:func:`~chkpt_opt.export.compiled.
+        measure_compiled`).
+
+        Raises:
+            InfeasibleBudgetError: no keep-set schedule fits the budget (this plan reaches
+                it only with nested regions); the message states the smallest budget a
+                compiled plan needs.
+        """
+        if self.schedule.is_keep_set():
+            return self
+        if self._compiled is None:
+            result = get_solver("auto", general=False)(
+                self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s
+            )
+            if not result.feasible:
+                lowest = smallest_peak(self.graph, time_limit_s=time_limit_s, general=False)
+                minimum = self.static.step_peak_bytes(lowest.peak_bytes)
+                raise InfeasibleBudgetError(
+                    f"budget {self.budget.text!r} = {format_bytes(self.budget.total_bytes)} "
+                    "is met only by nesting recompute regions, which the torch.compile path "
+                    "cannot run (its partitioner does not nest recomputations); a compiled "
+                    f"plan needs at least {format_bytes(minimum)} ({minimum} bytes). Raise "
+                    "the budget for the compiled plan, or run plan.apply() eagerly.",
+                    budget_bytes=self.activation_budget_bytes,
+                    min_feasible_bytes=minimum,
+                    exact=bool(lowest.stats.get("min_feasible_proven")),
+                )
+            self._compiled = dataclasses.replace(
+                self, result=result, profile=simulate(self.graph, result.schedule)
+            )
+        return self._compiled
 
     def compile(self, **compile_kwargs: Any) -> Any:
         """The plan compiled with ``torch.compile``, its keep/recompute decisions honoured.
 
         Same as ``chkpt_opt.compile_module(plan.apply(for_compile=True), **compile_kwargs)``
-        (see :mod:`chkpt_opt.export.partitioner`).
+        (see :mod:`chkpt_opt.export.partitioner`); it runs the schedule of
+        :meth:`for_compile`.
         """
         from chkpt_opt.export.partitioner import compile_module
 

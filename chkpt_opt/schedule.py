@@ -251,6 +251,19 @@ def caching_allowed(graph: CostGraph, start: int, stop: int) -> bool:
     return not any(_writes_state(graph, n) for n in order[start:stop])
 
 
+def nesting_allowed(graph: CostGraph) -> bool:
+    """Whether solvers may nest regions in ``graph``: not where some op writes module state
+    or a model input in place (``num_batches_tracked += 1``, ``y.mul_(2)``).
+
+    Codegen runs such nesting with the right values: an outer region snapshots the state
+    its inner regions read or write in place and replays the writes into private copies
+    while it is recomputed. But those copies, one per level, are not in the op sequence,
+    so a nested plan at a tight budget would measure above its prediction (by a few bytes
+    of counters on batch-norm nets, by whole copies of an input written in place).
+    """
+    return not any(_writes_state(graph, n) for n in graph.nodes)
+
+
 @dataclass(frozen=True)
 class RegionSpan:
     """One region of a schedule, placed in the region tree.

@@ -13,7 +13,7 @@ import torch._dynamo
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.errors import ChkptOptError
+from chkpt_opt.errors import ChkptOptError, InfeasibleBudgetError
 from chkpt_opt.export.compiled import EQUAL_WITHIN, measure_compiled
 from chkpt_opt.export.partitioner import PlanPartitioner, compile_module
 from chkpt_opt.measure import measure_step_allocator, preserved_state, run_step
@@ -144,3 +144,40 @@ def test_partitioner_refuses_a_call_without_forward_outputs() -> None:
     graph = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
     with pytest.raises(ChkptOptError, match="num_fwd_outputs"):
         PlanPartitioner()(graph, [])
+
+
+def test_a_plan_beyond_keep_set_compiles_its_keep_set_plan() -> None:
+    """plan.compile() runs keep-set regions only (the partitioner neither nests nor caches
+    single ops of a region): a plan with cached ops compiles its keep-set plan at the same
+    budget, and measure_compiled holds the compiled step to that plan's prediction."""
+    built = _decoder()
+    model, args, _ = built
+    plan = chkpt_opt.plan(
+        model, args, budget=budget_at(model, args, 0.6), optimizer=None, solver="cached"
+    )
+    assert plan.schedule.saved and not plan.schedule.is_keep_set()
+    keep = plan.for_compile()
+    assert keep.schedule.is_keep_set() and keep.result.feasible
+    assert keep.profile.peak_bytes <= plan.activation_budget_bytes
+    assert plan.for_compile() is keep and keep.for_compile() is keep
+    report = measure_compiled(plan, args)
+    assert report.planned_peak_bytes == keep.profile.peak_bytes
+    assert report.eager_peak_bytes <= report.budget_dynamic_bytes
+
+
+def test_a_nested_plan_below_the_keep_set_floor_does_not_compile() -> None:
+    """Below the smallest keep-set peak only nested regions fit: the compiled plan is
+    refused with the smallest budget a compiled plan needs, not predicted lower than it
+    runs."""
+    model, args, _ = _chain()
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    lowest = chkpt_opt.smallest_peak(full.graph)
+    keep_floor = chkpt_opt.smallest_peak(full.graph, general=False)
+    assert lowest.peak_bytes < keep_floor.peak_bytes
+    plan = chkpt_opt.plan(
+        model, args, budget=full.static.resident_bytes + lowest.peak_bytes, optimizer=None
+    )
+    assert plan.schedule.nested
+    with pytest.raises(InfeasibleBudgetError, match="cannot run") as info:
+        plan.compile()
+    assert info.value.min_feasible_bytes == full.static.step_peak_bytes(keep_floor.peak_bytes)

@@ -4,6 +4,7 @@ body GraphModule called through :class:`~chkpt_opt.codegen.runtime.CheckpointReg
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 import torch.fx
@@ -22,6 +23,54 @@ from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, check_schedule, innermost_regions, region_tree
 
 
+def _flat_body(
+    gm: torch.fx.GraphModule,
+    region: list[torch.fx.Node],
+    params: list[torch.fx.Node],
+    outputs: list[torch.fx.Node],
+    inner: tuple[CheckpointRegion, ...],
+    k: int,
+) -> tuple[torch.fx.GraphModule, tuple[str, ...]]:
+    """The region's ops with its inner regions' ops inlined, for ``torch.compile``.
+
+    Its partitioner recomputes a region from the region's inputs and does not nest, so a
+    compiled outer region traces this flat graph instead of its body: one checkpoint,
+    whatever the depth of the schedule (dynamo tracing one checkpoint per level of a deep
+    multi-level schedule exceeds Python's recursion limit). No guards: under compile,
+    state updates happen once. It takes the body's arguments, then the attributes of the
+    inner regions (their ``flat_attr_targets``), read from the root at call time.
+    """
+    flat = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
+    for arg in params:
+        env[arg] = flat.placeholder(f"in_{arg.name}")
+    extra: list[str] = []
+    extra_nodes: dict[str, torch.fx.Node] = {}
+    for region_module in inner:
+        for target in (*region_module.attr_targets, *region_module.flat_attr_targets):
+            if target not in extra_nodes:
+                extra.append(target)
+                extra_nodes[target] = flat.placeholder(f"in_flat_{len(extra)}")
+    for node in region:
+        wrapper = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if isinstance(wrapper, CheckpointRegion):
+            inner_graph = wrapper.flat_body.graph
+            phs = [n for n in inner_graph.nodes if n.op == "placeholder"]
+            targets = (*wrapper.attr_targets, *wrapper.flat_attr_targets)
+            values = [env[a] for a in node.args] + [extra_nodes[t] for t in targets]
+            env[node] = flat.graph_copy(inner_graph, dict(zip(phs, values, strict=True)))
+        elif (
+            node.target is operator.getitem
+            and node.args[0] in env
+            and isinstance(env[node.args[0]], tuple)
+        ):
+            env[node] = env[node.args[0]][node.args[1]]
+        else:
+            env[node] = flat.node_copy(node, lambda x: env[x])
+    flat.output(tuple(env[o] for o in outputs))
+    return torch.fx.GraphModule(gm, flat, class_name=f"FlatRegion{k}"), tuple(extra)
+
+
 def _outline(
     gm: torch.fx.GraphModule,
     region: list[torch.fx.Node],
@@ -30,20 +79,30 @@ def _outline(
     *,
     for_compile: bool,
     cached: frozenset[str] = frozenset(),
+    nested: bool = False,
 ) -> list[torch.fx.Node]:
     """Outlines ``region`` into submodule ``chkpt_region_{k}``; returns the nodes that
     stand for it in ``gm`` (the call and its items). Ops named in ``cached`` are marked
-    for the region's selective-checkpoint policy."""
+    for the region's selective-checkpoint policy. A ``nested`` region (called from an
+    outer region's body) takes the module state that is written in place as arguments
+    (not batch-norm running statistics, which recomputation leaves as they are), not from
+    the root module: it then sees what its outer region sees, the outer
+    region's snapshot of that state while the outer region is recomputed."""
     inside = set(region)
     ext: list[torch.fx.Node] = []
     for node in region:
         for arg in node.all_input_nodes:
             if arg not in inside and arg not in ext:
                 ext.append(arg)
-    attrs = [a for a in ext if a.op == "get_attr"]
     # Values aliasing written state bypass checkpoint's saved inputs: their version
     # changes, and the recomputation must see the right value (see _snapshot_roots).
-    live = [a for a in ext if a.op != "get_attr" and info.written_root(a) is not None]
+    live = [
+        a
+        for a in ext
+        if info.written_root(a) is not None
+        and (a.op != "get_attr" or (nested and not for_compile and info.root[a] in info.in_place))
+    ]
+    attrs = [a for a in ext if a.op == "get_attr" and a not in live]
     acts = [a for a in ext if a.op != "get_attr" and a not in live]
     statics = live + attrs
     snap_roots = set() if for_compile else _snapshot_roots(region, info, gm)
@@ -80,14 +139,24 @@ def _outline(
     outputs = [n for n in region if any(u not in inside for u in n.users)]
     sub.output(tuple(env[o] for o in outputs))
     body = torch.fx.GraphModule(gm, sub, class_name=f"Region{k}")
-    if not for_compile:
-        _guard_stateful(body, gm)
     generators = tuple(
         g
         for node in region
         for g in tree_flatten((node.args, node.kwargs))[0]
         if isinstance(g, torch.Generator)
     )
+    # The regions nested in it: its recomputation replays their generators too, before it
+    # runs them again.
+    inner = tuple(
+        m
+        for node in region
+        if node.op == "call_module"
+        for m in [gm.get_submodule(str(node.target))]
+        if isinstance(m, CheckpointRegion)
+    )
+    flat = _flat_body(gm, region, acts + statics, outputs, inner, k)
+    if not for_compile:
+        _guard_stateful(body, gm)
 
     wrapper = CheckpointRegion(
         body,
@@ -98,6 +167,8 @@ def _outline(
         snapshot=snapshot,
         written=written,
         generators=generators,
+        inner=inner,
+        flat=flat,
         for_compile=for_compile,
         cache_key=key,
     )
@@ -109,8 +180,11 @@ def _outline(
     # its ops write.
     for node in (call, *items):
         info.position[node] = info.position[region[0]]
-    if written_here:
-        info.hop_writes[call] = set(written_here)
+    # An outer region snapshots the state that its inner regions write in place, and
+    # its recomputation replays those writes into private copies (see StateGuard).
+    written_in_place = _roots_written_by(region, info, gm, stats=False)
+    if written_in_place:
+        info.hop_writes[call] = written_in_place
     for out, item in zip(outputs, items):
         item.meta = dict(out.meta)
         if out in info.root:  # later regions see the item as the value it stands for
@@ -140,8 +214,9 @@ def apply_schedule(
     if for_compile and not schedule.is_keep_set():
         raise ScheduleError(
             "this schedule nests regions or caches ops inside them; the torch.compile path "
-            "runs keep-set schedules only. Apply it eagerly (plan.apply()), or plan with a "
-            "keep-set solver for torch.compile."
+            "runs keep-set schedules only. Apply it eagerly (plan.apply()), or compile the "
+            "plan's keep-set counterpart (plan.compile() and plan.apply(for_compile=True) "
+            "solve it at the same budget)."
         )
     by_name = {n.name: n for n in module.graph.nodes}
     missing = [n for r in schedule.regions for n in r if n not in by_name]
@@ -171,7 +246,7 @@ def apply_schedule(
             & schedule.saved
         )
         stands_for[order[span.start]] = _outline(
-            module, nodes, k, info, for_compile=for_compile, cached=cached
+            module, nodes, k, info, for_compile=for_compile, cached=cached, nested=span.depth > 0
         )
         covered.update(order[span.start : span.stop])
     module.graph.lint()

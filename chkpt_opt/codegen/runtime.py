@@ -38,6 +38,27 @@ def is_recomputing() -> bool:
     return _RECOMPUTING.get()
 
 
+# Storages of the private copies of module state that the recomputations running now
+# replay their in-place updates into (see CheckpointRegion._run).
+_PRIVATE: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "chkpt_opt_private", default=frozenset()
+)
+
+
+def _is_private(value: Any) -> bool:
+    """Whether ``value`` is (a view of) a private copy made by a running recomputation."""
+    return isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in _PRIVATE.get()
+
+
+@contextlib.contextmanager
+def _private_copies(copies: Sequence[torch.Tensor]) -> Iterator[None]:
+    token = _PRIVATE.set(_PRIVATE.get() | {c.untyped_storage().data_ptr() for c in copies})
+    try:
+        yield
+    finally:
+        _PRIVATE.reset(token)
+
+
 @contextlib.contextmanager
 def _recompute_flag() -> Iterator[None]:
     token = _RECOMPUTING.set(True)
@@ -73,11 +94,51 @@ def end_cached_op(token: contextvars.Token[str | None] | None) -> None:
 
 
 @contextlib.contextmanager
+def _cache_marks_scope() -> Iterator[None]:
+    """Runs a region's body with no cached op marked, and clears its marks when it ends.
+
+    Checkpoint stops a recomputation as soon as it has the tensors it needs, by raising
+    inside the body: that can happen inside a cached op, after its
+    :func:`begin_cached_op` and before its :func:`end_cached_op`. Without this scope the
+    mark would outlive the step, and the next forward pass would cache every op of that
+    region (including dropout's mask, which it then fills in place: "Tensor cached during
+    selective activation checkpoint has been mutated").
+    """
+    token = _CACHING.set(None)
+    try:
+        yield
+    finally:
+        _CACHING.reset(token)
+
+
+@contextlib.contextmanager
 def _entered(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for manager in managers:
             stack.enter_context(manager)
         yield
+
+
+_FACTORIES = ("empty", "zeros", "ones", "full", "rand", "scalar_tensor", "new_")
+
+
+@functools.cache
+def saveable_kernel(op: Any) -> bool:
+    """Whether a selective-checkpoint policy may cache the output of kernel ``op``: not a
+    view or in-place kernel (its output aliases another tensor: a cached view of an input
+    would keep the input), not a factory (a composite op fills its output in place
+    afterwards: ``zeros`` then ``scatter_`` in ``one_hot``, ``empty_like`` then
+    ``bernoulli_`` in dropout, and checkpoint refuses a cached tensor that changed), not
+    random."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    packet = schema.name.split("::")[-1]
+    if packet.startswith(_FACTORIES) or torch.Tag.nondeterministic_seeded in op.tags:
+        return False
+    if any(r.alias_info is not None for r in schema.returns):
+        return False
+    return not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
 def _selective_contexts(
@@ -88,9 +149,9 @@ def _selective_contexts(
     including the cached ops of regions nested inside, which their own region caches)."""
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        # A composite op runs several kernels: cache those that make new storages, and
-        # recompute the views among them (a cached view of an input would keep the input).
-        if _CACHING.get() == region and not getattr(func, "is_view", False):
+        # A composite op runs several kernels: cache those that make new storages and that
+        # no later kernel fills in place (see saveable_kernel), recompute the others.
+        if _CACHING.get() == region and saveable_kernel(func):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -107,6 +168,11 @@ class StateGuard(torch.nn.Module):
     pass). ``mode="skip"``: an in-place update of a buffer (``num_batches_tracked += 1``);
     on recompute it is skipped and the buffer returned. ``mode="copy"``: any other in-place
     write to module state; on recompute it writes into a copy.
+
+    An in-place write into a private copy that an enclosing region's recomputation made
+    of the state (its snapshot, which it replays the step's updates into) runs as in the
+    forward pass: the outer region's later ops read the updated copy, and the state
+    itself is not touched.
     """
 
     def __init__(self, op: Any, position: int, mode: str) -> None:
@@ -117,6 +183,8 @@ class StateGuard(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not is_recomputing():
+            return self.op(*args, **kwargs)
+        if self.mode != "momentum" and _is_private(args[self.position]):
             return self.op(*args, **kwargs)
         if self.mode == "skip":
             return args[self.position]
@@ -190,8 +258,12 @@ class CheckpointRegion(torch.nn.Module):
         generators: tuple[torch.Generator, ...] = (),
         for_compile: bool = False,
         cache_key: str = "",
+        inner: tuple[CheckpointRegion, ...] = (),
+        flat: tuple[torch.fx.GraphModule, tuple[str, ...]] | None = None,
     ) -> None:
         super().__init__()
+        object.__setattr__(self, "_flat", flat)
+        object.__setattr__(self, "_inner", inner)  # called by the body: already in the tree
         object.__setattr__(self, "_body", body)
         object.__setattr__(self, "_root", root)
         object.__setattr__(self, "_const_generators", generators)
@@ -217,24 +289,69 @@ class CheckpointRegion(torch.nn.Module):
         return [_fetch(self._root, t) for t in self.attr_targets]
 
     def _run(
-        self, live: tuple[Any, ...], generator_states: tuple[torch.Tensor, ...], *args: Any
+        self,
+        live: tuple[Any, ...],
+        generator_states: tuple[torch.Tensor, ...],
+        calls: list[int],
+        *args: Any,
     ) -> Any:
         n = len(args) if self.n_acts is None else self.n_acts
         acts, snapshots = args[:n], args[n:]
         statics = [*live, *self._attrs()]
-        if not is_recomputing():
-            return self._body(*acts, *statics)
+        calls[0] += 1
+        if calls[0] == 1:
+            # Checkpoint's first call of the function is this call's forward run, also when
+            # it happens inside an outer region's recomputation (``is_recomputing()`` is
+            # then True): explicit generators advance from where the outer replay set them,
+            # and must not be reset afterwards, or the outer region's later random ops
+            # would draw this region's numbers again.
+            if self._key:
+                # A selective-checkpoint policy replays kernels by their count in the
+                # forward pass: the private copies the recomputation makes below must
+                # have their count here too (copies dropped at once).
+                for position in self.written:
+                    statics[position].clone()
+            with _cache_marks_scope():
+                return self._body(*acts, *statics)
+        copies = []
         for position, snapshot in zip(self.snapshot, snapshots):
             # A private copy where the recomputation writes into it (it replays in-place
             # updates of this state), so the saved snapshot stays intact.
             statics[position] = snapshot.clone() if position in self.written else snapshot
+            if position in self.written:
+                copies.append(statics[position])
         generators = self._generators(statics)
-        with _replayed_generators(generators, generator_states):
+        with (
+            _replayed_generators(generators, generator_states),
+            _cache_marks_scope(),
+            _private_copies(copies),
+        ):
             return self._body(*acts, *statics)
 
+    @property
+    def flat_body(self) -> torch.fx.GraphModule:
+        """The region's ops with its inner regions' inlined, unguarded (what a compiled
+        region traces; see ``rewrite._flat_body``); the body where there is none."""
+        return self._body if self._flat is None else self._flat[0]
+
+    @property
+    def flat_attr_targets(self) -> tuple[str, ...]:
+        """The attributes :attr:`flat_body` takes after the body's arguments."""
+        return () if self._flat is None else self._flat[1]
+
+    def _run_traced(self, live: tuple[Any, ...], *acts: Any) -> Any:
+        """The region as torch.compile traces it: its flat body, no replays (see
+        :meth:`forward`)."""
+        extra = [_fetch(self._root, t) for t in self.flat_attr_targets]
+        return self.flat_body(*acts, *live, *self._attrs(), *extra)
+
     def _generators(self, statics: Sequence[Any]) -> list[torch.Generator]:
+        """The explicit generators the region draws from, its inner regions' included."""
         found = [v for v in statics if isinstance(v, torch.Generator)]
-        return found + [g for g in self._const_generators if all(g is not f for f in found)]
+        found += self._const_generators
+        for region in self._inner:
+            found += region._generators(region._attrs())
+        return [g for k, g in enumerate(found) if all(g is not f for f in found[:k])]
 
     def forward(self, *args: Any) -> Any:
         n = len(args) if self.n_acts is None else self.n_acts
@@ -244,7 +361,7 @@ class CheckpointRegion(torch.nn.Module):
             # recomputes from the functional graph; state updates happen once without
             # guards, snapshots or generator replays (none of which dynamo could trace).
             return checkpoint(
-                functools.partial(self._run, live, ()),
+                functools.partial(self._run_traced, live),
                 *acts,
                 use_reentrant=False,
                 preserve_rng_state=True,
@@ -256,7 +373,7 @@ class CheckpointRegion(torch.nn.Module):
         # Checkpoint replays the default generators; explicit ones are replayed here.
         states = tuple(g.get_state() for g in self._generators(statics))
         return checkpoint(
-            functools.partial(self._run, live, states),
+            functools.partial(self._run, live, states, [0]),
             *acts,
             *snapshots,
             use_reentrant=False,

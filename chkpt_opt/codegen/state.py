@@ -81,12 +81,15 @@ class _StateInfo:
         position: call node -> its position in execution order.
         hop_writes: call node of a higher-order op -> roots its subgraph writes (such a
             call cannot be guarded, so its region always snapshots them).
+        in_place: roots some op writes in place (not only as a batch norm's running
+            statistics, which a recomputation leaves unchanged).
     """
 
     root: dict[torch.fx.Node, torch.fx.Node] = field(default_factory=dict)
     last_write: dict[torch.fx.Node, int] = field(default_factory=dict)
     position: dict[torch.fx.Node, int] = field(default_factory=dict)
     hop_writes: dict[torch.fx.Node, set[torch.fx.Node]] = field(default_factory=dict)
+    in_place: set[torch.fx.Node] = field(default_factory=set)
 
     def written_root(self, value: Any) -> torch.fx.Node | None:
         """The root of ``value`` if some op writes it in place during the step."""
@@ -155,9 +158,12 @@ def _state_info(gm: torch.fx.GraphModule) -> _StateInfo:
         return root
 
     for node in calls:
-        for i in mutated_arg_positions(node, gm) + state_arg_positions(node, gm):
+        mutated = mutated_arg_positions(node, gm)
+        for i in mutated + state_arg_positions(node, gm):
             if i < len(node.args):
-                write(node, node.args[i])
+                root = write(node, node.args[i])
+                if root is not None and i in mutated:
+                    info.in_place.add(root)
         sub = _hop_subgraph(node, gm)
         if sub is None:
             continue
@@ -169,6 +175,7 @@ def _state_info(gm: torch.fx.GraphModule) -> _StateInfo:
                 root = write(node, node.args[first + k])
                 if root is not None:
                     info.hop_writes.setdefault(node, set()).add(root)
+                    info.in_place.add(root)
     return info
 
 
@@ -212,12 +219,15 @@ def _snapshot_roots(
 
 
 def _roots_written_by(
-    region: list[torch.fx.Node], info: _StateInfo, gm: torch.nn.Module
+    region: list[torch.fx.Node], info: _StateInfo, gm: torch.nn.Module, *, stats: bool = True
 ) -> set[torch.fx.Node]:
-    """The state that ops of the region write in place."""
+    """The state that ops of the region write in place (with ``stats=False``, not counting
+    the running statistics that batch norms update: a recomputation leaves them as they
+    are, momentum 0)."""
     roots: set[torch.fx.Node] = set()
     for node in region:
-        for i in mutated_arg_positions(node, gm) + state_arg_positions(node, gm):
+        stat_positions = state_arg_positions(node, gm) if stats else []
+        for i in mutated_arg_positions(node, gm) + stat_positions:
             root = info.written_root(node.args[i]) if i < len(node.args) else None
             if root is not None:
                 roots.add(root)

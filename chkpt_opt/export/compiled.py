@@ -112,11 +112,15 @@ def measure_compiled(
     compilation changed.
 
     Args:
-        plan: the plan (its model's state is restored afterwards).
+        plan: the plan (its model's state is restored afterwards). A plan whose schedule
+            nests regions or caches ops is measured as the compiled step runs it: its
+            keep-set plan at the same budget (:meth:`~chkpt_opt.api.Plan.for_compile`),
+            eager and compiled, against that plan's prediction.
         args: example inputs, as for :func:`chkpt_opt.plan`.
         kwargs: example keyword inputs.
     """
     kwargs = kwargs or {}
+    plan = plan.for_compile()
     eager_module = plan.apply()
     partitioner = PlanPartitioner()
     compiled_module = compile_module(plan.apply(for_compile=True), partitioner=partitioner)

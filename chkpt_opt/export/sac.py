@@ -35,6 +35,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from chkpt_opt.codegen.runtime import saveable_kernel
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.export.layers import find_layers
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners
@@ -85,25 +86,16 @@ def dispatched_ops(module: torch.fx.GraphModule, flat_inputs: list[Any]) -> dict
     return issued
 
 
-_FACTORIES = ("empty", "zeros", "ones", "full", "rand", "scalar_tensor", "new_")
-
-
 @functools.cache
 def _saveable(op_name: str) -> bool:
-    """Whether SAC may cache the output of an op: not a view or in-place op (its output
-    aliases another tensor), not a factory (its output is filled in place afterwards, e.g.
-    ``empty_like`` then ``bernoulli_`` inside dropout), not random."""
+    """Whether SAC may cache the output of an op (see
+    :func:`~chkpt_opt.codegen.runtime.saveable_kernel`)."""
     namespace, packet, overload = op_name.split(".")[-3:]
     try:
         op = getattr(getattr(getattr(torch.ops, namespace), packet), overload)
     except AttributeError:
         return False
-    if packet.startswith(_FACTORIES) or torch.Tag.nondeterministic_seeded in op.tags:
-        return False
-    schema = op._schema
-    if any(r.alias_info is not None for r in schema.returns):
-        return False
-    return not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    return saveable_kernel(op)
 
 
 def _written_in_place_later(graph: CostGraph) -> set[str]:

@@ -11,7 +11,7 @@ from chkpt_opt.solvers.registry import available_solvers, get_solver, register
 
 
 def smallest_peak(
-    graph: CostGraph, *, time_limit_s: float | None = None, general: bool = False
+    graph: CostGraph, *, time_limit_s: float | None = None, general: bool = True
 ) -> SolveResult:
     """The lowest-peak schedule the registered solvers find: ``auto`` asked for a budget of
     0 bytes.

@@ -28,23 +28,25 @@ solvers' bounds counts the recompute bound (:mod:`chkpt_opt.solvers.recompute_bo
 first in at most 15% of the limit, which gives graphs too large for the integer
 programs a proven gap, and proves a budget below every schedule's peak infeasible.
 
-Beyond keep-set (``general=True``; off by default, see below): the proofs above hold over
-keep-set schedules (``stats["proofs_over"] == "keep_set"``). With the time the keep-set
-stages left (and a few seconds of grace), ``dp_nested`` (exact over nested schedules that
-cache nothing, on graphs that are simple chains; it refuses others at once) runs, the
-cached-op search starts from the keep-set results, and where no keep-set schedule fits,
-the nested (multi-level) heuristic looks below the keep-set memory floor; a proof of
-``dp_nested`` is reported in ``stats["nested_optimum"]``. A schedule from them wins only
-if it is better (cheaper while fitting, or a lower peak while nothing fits); it is then
-``feasible`` (or ``infeasible``) with the recompute bound, the one bound here that holds
-over the larger space, and ``stats["keep_set"]`` records the keep-set result it beat.
+Beyond keep-set (``general=True``, the default; ``general=False`` stops at keep-set): the
+proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``). With
+the time the keep-set stages left (and a few seconds of grace), ``dp_nested`` (exact over
+nested schedules that cache nothing, on graphs that are simple chains; it refuses others at
+once) runs, the cached-op search starts from the keep-set results, and where no keep-set
+schedule fits, the nested (multi-level) heuristic looks below the keep-set memory floor; a
+proof of ``dp_nested`` is reported in ``stats["nested_optimum"]``. A schedule from them
+wins only if it is better (cheaper while fitting, or a lower peak while nothing fits); it
+is then ``feasible`` (or ``infeasible``) with the recompute bound, the one bound here that
+holds over the larger space, and ``stats["keep_set"]`` records the keep-set result it beat.
 
-``general`` is off by default because codegen's nested regions and cached ops are not yet
-right in every case the keep-set path handles: explicit generators, models that write
-their inputs in place, a batch norm module used twice, and ``torch.compile`` of the
-eager optimized module (dynamo recurses through nested checkpoints) fail the hard-model
-tests with them. Random general schedules of the zoo and Hugging Face test models
-(dropout, batch norm, residuals, attention) run as predicted with bitwise gradients.
+``general`` is on by default: codegen runs nested regions and cached ops with the keep-set
+path's rules (explicit generators replayed through every level, batch-norm statistics and
+in-place state updates applied once per step, a model's writes to its inputs replayed into
+private copies, ``torch.compile`` of the eager module tracing each outermost region flat),
+and the hard-model, end-to-end and peer tests pass with it. The nested search does not
+nest on graphs that write state in place (:func:`~chkpt_opt.schedule.nesting_allowed`).
+The compiled path runs keep-set schedules: ``Plan.for_compile`` solves the keep-set plan
+at the same budget with ``general=False``.
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ class AutoSolver:
             graphs to the hierarchical solver.
         pruned_max_ops: see ``flat_max_positions``.
         default_time_limit_s: time limit of the exact solver when none is given.
-        general: also search schedules beyond keep-set (cached ops, nested regions).
+        general: also search schedules beyond keep-set (cached ops, nested regions); on
+            by default.
         general_grace_s: with ``general``, the searches beyond keep-set get the time the
             keep-set stages left, and at least this many seconds (at most a fifth of the
             limit) past it: the keep-set result is the same as without ``general``.
@@ -120,7 +123,7 @@ class AutoSolver:
     flat_max_positions: int | None = DEFAULT_MAX_POSITIONS
     pruned_max_ops: int = PRUNED_MAX_OPS
     default_time_limit_s: float = 60.0
-    general: bool = False
+    general: bool = True
     general_grace_s: float = 3.0
     name: str = "auto"
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule, check_schedule
+from chkpt_opt.schedule import Schedule, check_schedule, nesting_allowed
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
@@ -129,10 +129,13 @@ class NestedSolver:
         tried = 0
         seen: set[tuple[tuple[Span, ...], tuple[Span, ...]]] = set()
         timed_out = False
+        may_nest = nesting_allowed(graph)
         for shape in shapes(len(cuts), max_levels=self.max_levels, max_branch=self.max_branch):
             if deadline.expired():
                 timed_out = True
                 break
+            if not may_nest and (shape.levels or shape.prefix):
+                continue  # see nesting_allowed: one level of regions only
             outer, nested = shape_spans(cuts, n, shape)
             key = (tuple(outer), tuple(nested))
             if key in seen:
@@ -167,6 +170,7 @@ class NestedSolver:
                 "levels": list(shape.levels),
                 "prefix": shape.prefix,
                 "nested_regions": len(schedule.nested),
+                "nesting_allowed": may_nest,
                 "search_cut_by_time_limit": timed_out,
             },
         )

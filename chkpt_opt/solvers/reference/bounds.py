@@ -44,7 +44,7 @@ def min_feasible_budget(graph: CostGraph, *, time_limit_s: float | None = None) 
     """The smallest activation budget the solvers find a keep-set schedule of ``graph`` for
     (:func:`~chkpt_opt.solvers.smallest_peak`); ``proven`` when it is the smallest of any
     schedule (exact solvers within ``time_limit_s``)."""
-    result = smallest_peak(graph, time_limit_s=time_limit_s)
+    result = smallest_peak(graph, time_limit_s=time_limit_s, general=False)
     proven = bool(result.stats.get("min_feasible_proven"))
     lower = result.stats.get("min_feasible_lower_bytes")
     return FeasibleBudget(
