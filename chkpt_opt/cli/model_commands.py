@@ -37,8 +37,8 @@ def _plan(args: argparse.Namespace, model: Any, ex_args: Any, ex_kwargs: Any, **
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    import chkpt_opt
     from chkpt_opt.schedule_io import save_schedule
+    from chkpt_opt.validate import validate as run_validation
 
     model, ex_args, ex_kwargs = load_model_spec(args.model)
     plan = _plan(args, model, ex_args, ex_kwargs, tracer=args.tracer)
@@ -65,7 +65,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         data["schedule"] = str(args.output)
     if args.validate:
         optimized = plan.apply()
-        report = chkpt_opt.validate(
+        report = run_validation(
             model, optimized, ex_args, ex_kwargs, predicted_peak_bytes=plan.profile.peak_bytes
         )
         measured = plan.static.resident_bytes + report.measured_peak_bytes
@@ -111,7 +111,7 @@ def _to_device(value: Any, device: str) -> Any:
 def cmd_validate(args: argparse.Namespace) -> int:
     import torch
 
-    import chkpt_opt
+    from chkpt_opt.validate import validate as run_validation
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ChkptOptError(
@@ -128,7 +128,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     model = model.to(args.device)
     ex_args, ex_kwargs = _to_device(ex_args, args.device), _to_device(ex_kwargs, args.device)
     plan = _plan(args, model, ex_args, ex_kwargs, profile_times=args.profile_times)
-    report = chkpt_opt.validate(
+    report = run_validation(
         model,
         plan.apply(),
         ex_args,
