@@ -79,6 +79,7 @@ from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.chain_layout import MAX_TOTAL
 from chkpt_opt.solvers.chain_model import OUTSIDE, REGION, ChainModel, Key
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
+from chkpt_opt.solvers.judge import check_prediction
 from chkpt_opt.solvers.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 
@@ -354,11 +355,7 @@ def _judged(
     schedule = Schedule.from_spans(graph, spans)
     profile = simulate(graph, schedule)
     peak, cost = chain.predict(spans)
-    if peak != profile.peak_bytes or abs(cost - profile.recompute_s) > 1e-9 * max(1.0, cost):
-        raise SolverError(
-            f"dp_chain and the simulator disagree on graph {graph.graph.get('name', '')!r} for "
-            f"regions {spans}: predicted peak {peak} B, recompute {cost:.6g} s; simulated peak "
-            f"{profile.peak_bytes} B, recompute {profile.recompute_s:.6g} s. This is a bug in "
-            "chkpt_opt; please report it."
-        )
+    check_prediction(
+        graph, profile, peak_bytes=peak, cost_s=cost, model="dp_chain", what=f"regions {spans}"
+    )
     return schedule, profile

@@ -58,6 +58,7 @@ from chkpt_opt.schedule import Schedule, check_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
+from chkpt_opt.solvers.judge import check_prediction
 from chkpt_opt.solvers.nested_chain import (
     NestedChain,
     Plan,
@@ -215,11 +216,7 @@ def _judged(
     schedule = plan_schedule(graph, plan)
     check_schedule(graph, schedule)
     profile = simulate(graph, schedule, check=False)
-    if peak != profile.peak_bytes or abs(cost - profile.recompute_s) > 1e-9 * max(1.0, cost):
-        raise SolverError(
-            f"dp_nested and the simulator disagree on graph {graph.graph.get('name', '')!r} "
-            f"for plan {plan}: predicted peak {peak} B, recompute {cost:.6g} s; simulated "
-            f"peak {profile.peak_bytes} B, recompute {profile.recompute_s:.6g} s. This is a "
-            "bug in chkpt_opt; please report it."
-        )
+    check_prediction(
+        graph, profile, peak_bytes=peak, cost_s=cost, model="dp_nested", what=f"plan {plan}"
+    )
     return schedule, profile

@@ -51,16 +51,42 @@ def judged(
     """
     schedule = model.schedule(graph, chosen)
     profile = simulate(graph, schedule)
-    predicted = model.peak_bytes(chosen)
-    cost = model.cost_s(chosen)
-    if predicted != profile.peak_bytes or abs(cost - profile.recompute_s) > 1e-9 * max(1.0, cost):
-        raise SolverError(
-            f"interval model and simulator disagree on graph {graph.graph.get('name', '')!r} "
-            f"for regions {schedule.spans(graph)}: model peak {predicted} B, recompute "
-            f"{cost:.6g} s; simulator peak {profile.peak_bytes} B, recompute "
-            f"{profile.recompute_s:.6g} s. This is a bug in chkpt_opt; please report it."
-        )
+    check_prediction(
+        graph,
+        profile,
+        peak_bytes=model.peak_bytes(chosen),
+        cost_s=model.cost_s(chosen),
+        model="the interval model",
+        what=f"regions {schedule.spans(graph)}",
+    )
     return schedule, profile
+
+
+def check_prediction(
+    graph: CostGraph,
+    profile: MemoryProfile,
+    *,
+    peak_bytes: int,
+    cost_s: float,
+    model: str,
+    what: str,
+) -> None:
+    """Checks a solver model's predicted peak and recompute time of a schedule (``what``)
+    against the simulator's ``profile`` of it: the one place every model is held to the
+    op sequence.
+
+    Raises:
+        SolverError: if they disagree (a bug in ``model``).
+    """
+    if peak_bytes != profile.peak_bytes or abs(cost_s - profile.recompute_s) > 1e-9 * max(
+        1.0, cost_s
+    ):
+        raise SolverError(
+            f"{model} and the simulator disagree on graph {graph.graph.get('name', '')!r} "
+            f"for {what}: predicted peak {peak_bytes} B, recompute {cost_s:.6g} s; simulated "
+            f"peak {profile.peak_bytes} B, recompute {profile.recompute_s:.6g} s. This is a "
+            "bug in chkpt_opt; please report it."
+        )
 
 
 def record_lowest(
