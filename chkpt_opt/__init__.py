@@ -48,8 +48,8 @@ _LAZY = {
     "StepProfile": "chkpt_opt.whole_step",
     "StepSolveResult": "chkpt_opt.whole_step",
     "trace": "chkpt_opt.api",
-    "ValidationReport": "chkpt_opt.validate",
-    "validate": "chkpt_opt.validate",
+    "ValidationReport": "chkpt_opt.validation",
+    "validate": "chkpt_opt.validation",
     # compile_module imports Inductor (about a second).
     "compile_module": "chkpt_opt.export.partitioner",
 }
@@ -59,8 +59,9 @@ def __getattr__(name: str) -> object:
     if name not in _LAZY:
         raise AttributeError(f"module 'chkpt_opt' has no attribute {name!r}")
     importlib.import_module(_LAZY[name])
-    # Importing a submodule binds it on this package under its own name, which for
-    # chkpt_opt.validate hides the function validate: bind every loaded lazy name again.
+    # Bind every lazy name whose module is loaded (no lazy name is also a submodule's name:
+    # importing chkpt_opt.<name> would bind the module over it, which is why the checks
+    # live in chkpt_opt.validation, not chkpt_opt.validate).
     for other, module_name in _LAZY.items():
         module = sys.modules.get(module_name)
         if module is not None:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import chkpt_opt
-from chkpt_opt.validate import _compare_grads
+from chkpt_opt.validation import _compare_grads
 
 
 def test_a_gradient_on_one_side_only_is_named_not_a_zero_difference() -> None:

@@ -38,7 +38,7 @@ def _plan(args: argparse.Namespace, model: Any, ex_args: Any, ex_kwargs: Any, **
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from chkpt_opt.schedule_io import save_schedule
-    from chkpt_opt.validate import validate as run_validation
+    from chkpt_opt.validation import validate as run_validation
 
     model, ex_args, ex_kwargs = load_model_spec(args.model)
     plan = _plan(args, model, ex_args, ex_kwargs, tracer=args.tracer)
@@ -111,7 +111,7 @@ def _to_device(value: Any, device: str) -> Any:
 def cmd_validate(args: argparse.Namespace) -> int:
     import torch
 
-    from chkpt_opt.validate import validate as run_validation
+    from chkpt_opt.validation import validate as run_validation
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ChkptOptError(
