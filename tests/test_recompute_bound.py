@@ -130,5 +130,5 @@ def test_auto_beyond_keep_set_reports_the_bound_and_the_floor_of_every_schedule(
             assert result.peak_bytes < keep_min
             assert result.bound is not None and 0 < result.bound <= result.objective + SLACK
         else:
-            lower = result.stats["min_feasible_lower_bytes"]
-            assert 0 < lower <= result.peak_bytes < keep_min
+            lower = result.stats["recompute_bound"]["floor_bytes"]
+            assert 0 < lower <= result.peak_bytes <= keep_min
