@@ -161,7 +161,7 @@ class BlockSearch:
                 not best.folded and predicted != profile.peak_bytes
             ):
                 raise SolverError(
-                    f"the block split predicted a peak of {best.predicted_peak(picks)} B, the "
+                    f"the block split predicted a peak of {predicted} B, the "
                     f"simulator {profile.peak_bytes} B; this is a bug in chkpt_opt, please "
                     "report it."
                 )

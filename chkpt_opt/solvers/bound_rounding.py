@@ -60,12 +60,8 @@ def rounded_spans(
             spans[-1] = (spans[-1][0], max(stop, spans[-1][1]))
         else:
             spans.append((start, stop))
-        i = max(stop, j)
-    return [(a, b) for a, b in spans if _merge_ok(allowed, a, b)]
-
-
-def _merge_ok(allowed: list[bool], start: int, stop: int) -> bool:
-    return stop > start and allowed[start] and allowed[stop]
+        i = stop
+    return spans
 
 
 def bound_rounding(
@@ -84,8 +80,7 @@ def bound_rounding(
         for gap in GAPS:
             if deadline.expired():
                 break
-            spans = rounded_spans(recomputed, allowed, gap=gap)
-            schedule = Schedule(regions=tuple(tuple(order[a:b]) for a, b in spans))
+            schedule = Schedule.from_spans(graph, rounded_spans(recomputed, allowed, gap=gap))
             if schedule in tried:
                 continue
             tried.add(schedule)
