@@ -97,7 +97,9 @@ def build_milp(
             row(1, 1, [(var, 1) for var in into])
         else:
             row(0, 0, [(var, 1) for var in out] + [(var, -1) for var in into])
-    for hold in program.holds:
+    for count, hold in enumerate(program.holds):
+        if count % 16 == 0:
+            deadline.check("building the MILP's hold rows")
         rhs = [x[k] for k in hold.x_ids] + ([z[hold.node]] if hold.node is not None else [])
         row(0, inf, [(y[hold.y_var], 1)] + [(var, -1) for var in rhs])
     for hi, lo in program.chains:
