@@ -45,12 +45,16 @@ It takes up to 2.9 s (586 ops, 2 shared cores).
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ortools.linear_solver import pywraplp
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
+from chkpt_opt.graphs.io import graph_to_dict
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
@@ -228,6 +232,21 @@ def _storage_bytes(graph: CostGraph, node: str, sid: str) -> int:
     return int(attrs["outputs"].get(sid, attrs["saved"].get(sid, 0)))
 
 
+MEMO_SIZE = 32
+"""Complete bounds remembered (by graph content and budget), so that the solvers that
+read the same bound in one ``auto`` call (the bound itself, the rounded warm starts of the
+pruned search and of the search beyond keep-set) solve its LP once."""
+
+_memo: OrderedDict[tuple[str, int, int], RecomputeBound] = OrderedDict()
+
+
+def _content_key(graph: CostGraph) -> str:
+    """A digest of everything the bound reads: every node's and the graph's attributes and
+    the edges (a graph changed in place gets another key)."""
+    text = json.dumps(graph_to_dict(graph), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def recompute_bound(
     graph: CostGraph,
     budget_bytes: int,
@@ -237,7 +256,9 @@ def recompute_bound(
 ) -> RecomputeBound:
     """A lower bound on the extra compute of every schedule of ``graph`` that peaks at most
     ``budget_bytes`` (activation bytes, as :func:`chkpt_opt.simulate.simulate` counts
-    them); see the module docstring.
+    them); see the module docstring. A complete bound is remembered for its graph's
+    content and budget (see :data:`MEMO_SIZE`); a later call returns it at once, with the
+    ``solve_s`` of the call that solved it.
 
     Args:
         graph: the cost graph.
@@ -247,6 +268,22 @@ def recompute_bound(
             the walk of the op sequence did not).
         steps_per_round: steps added to the LP per cutting-plane round.
     """
+    key = (_content_key(graph), int(budget_bytes), steps_per_round)
+    if key in _memo:
+        _memo.move_to_end(key)
+        return _memo[key]
+    found = _solve_bound(graph, budget_bytes, deadline, steps_per_round)
+    if found.complete:
+        _memo[key] = found
+        while len(_memo) > MEMO_SIZE:
+            _memo.popitem(last=False)
+    return found
+
+
+def _solve_bound(
+    graph: CostGraph, budget_bytes: int, deadline: Deadline, steps_per_round: int
+) -> RecomputeBound:
+    """:func:`recompute_bound` without the memo."""
     clock = Deadline.after(None)
     try:
         rows = _Rows(graph, deadline)
