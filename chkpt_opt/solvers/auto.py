@@ -29,12 +29,16 @@ first in at most 15% of the limit, which gives graphs too large for the integer
 programs a proven gap, and proves a budget below every schedule's peak infeasible.
 
 Beyond keep-set (``general=True``, the default; ``general=False`` stops at keep-set): the
-proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``). With
-the time the keep-set stages left (and a few seconds of grace), ``dp_nested`` (exact over
-nested schedules that cache nothing, on graphs that are simple chains; it refuses others at
-once) runs, the cached-op search starts from the keep-set results, and where no keep-set
-schedule fits, the nested (multi-level) heuristic looks below the keep-set memory floor; a
-proof of ``dp_nested`` is reported in ``stats["nested_optimum"]``. A schedule from them
+proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``). The
+keep-set stages stop at 80% of the limit (``general_share``); in the time left, the cached
+ops that the recompute bound's LP keeps are rounded into regions
+(:mod:`~chkpt_opt.solvers.cache_rounding`: selective-checkpoint schedules, a region per
+layer caching its matmuls, chosen by the LP), ``dp_nested`` (exact over nested schedules
+that cache nothing, on graphs that are simple chains; it refuses others at once) runs, the
+cached-op search starts from the better of the rounded schedule and the keep-set result
+and from the other keep-set results, and where no keep-set schedule fits, the nested
+(multi-level) heuristic looks below the keep-set memory floor; a proof of ``dp_nested``
+is reported in ``stats["nested_optimum"]``. A schedule from them
 wins only if it is better (cheaper while fitting, or a lower peak while nothing fits); it
 is then ``feasible`` (or ``infeasible``) with the recompute bound, the one bound here that
 holds over the larger space, and ``stats["keep_set"]`` records the keep-set result it beat.
@@ -59,6 +63,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
 from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.cache_rounding import cache_rounding
 from chkpt_opt.solvers.chain_cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.enumerate import count_schedules
@@ -67,11 +72,14 @@ from chkpt_opt.solvers.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.registry import get_solver, register
 
 PRUNED_MAX_OPS = 600
+"""Largest graph ``auto`` gives the pruned every-cut solver (it covers the 586-op gpt_large,
+proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incumbent)."""
 BOUND_SHARE = 0.15
 """The share of the time limit the recompute bound may take (measured 0.2-1.1 s on graphs
 of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
-"""Largest graph ``auto`` gives the pruned every-cut solver (it covers the 586-op gpt_large,
-proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incumbent)."""
+ROUNDING_SHARE = 0.9
+"""The cached-op rounding stops judging schedules at this share of the time limit
+(measured 0.3-3 s on Hugging Face graphs of 153-636 ops)."""
 
 
 def pick_exact(
@@ -112,9 +120,10 @@ class AutoSolver:
         default_time_limit_s: time limit of the exact solver when none is given.
         general: also search schedules beyond keep-set (cached ops, nested regions); on
             by default.
-        general_grace_s: with ``general``, the searches beyond keep-set get the time the
-            keep-set stages left, and at least this many seconds (at most a fifth of the
-            limit) past it: the keep-set result is the same as without ``general``.
+        general_share: with ``general``, the share of the time limit kept for the searches
+            beyond keep-set (they also get what the keep-set stages leave): the keep-set
+            stages stop earlier than without ``general``, which changes their result only
+            where they were cut by the limit.
     """
 
     solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
@@ -124,7 +133,7 @@ class AutoSolver:
     pruned_max_ops: int = PRUNED_MAX_OPS
     default_time_limit_s: float = 60.0
     general: bool = True
-    general_grace_s: float = 3.0
+    general_share: float = 0.2
     name: str = "auto"
 
     def __call__(
@@ -133,13 +142,12 @@ class AutoSolver:
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         deadline = Deadline.after(limit)
         cover = recompute_bound(graph, budget_bytes, deadline=deadline.share(BOUND_SHARE))
-        keep, tried = self._keep_set(graph, budget_bytes, deadline, cover)
         if not self.general:
-            return keep
-        grace = min(self.general_grace_s, 0.2 * limit)
-        later = Deadline(deadline.start, max(deadline.elapsed_s() + grace, limit))
+            return self._keep_set(graph, budget_bytes, deadline, cover)[0]
+        keep_deadline = deadline.share(1.0 - self.general_share)
+        keep, tried = self._keep_set(graph, budget_bytes, keep_deadline, cover)
         starts = [keep.schedule] + [r.schedule for r in tried if r.schedule != keep.schedule]
-        return _beyond_keep_set(graph, budget_bytes, keep, starts[:3], later, cover)
+        return _beyond_keep_set(graph, budget_bytes, keep, starts[:3], deadline, cover)
 
     def _keep_set(
         self, graph: CostGraph, budget_bytes: int, deadline: Deadline, cover: RecomputeBound
@@ -241,14 +249,21 @@ def _beyond_keep_set(
     keep_stats = dict(keep.stats, proofs_over="keep_set")
     if keep.feasible and keep.objective <= 0.0:  # nothing is cheaper than no recompute
         return dataclasses.replace(keep, stats=keep_stats)
-    # The exact nested DP first (it refuses graphs that are no simple chain at once), then
-    # the cached-op searches from the keep-set results, and the nested heuristic where no
+    # The cached ops the recompute bound's LP keeps, rounded (cheap, and it reads the bound
+    # already solved); the exact nested DP (it refuses graphs that are no simple chain at
+    # once); the cached-op searches from the better of the rounded schedule and the
+    # keep-set result, and from the other keep-set results; the nested heuristic where no
     # keep-set schedule fits.
+    rounded = cache_rounding(
+        graph, budget_bytes, relaxed=cover, deadline=deadline.share(ROUNDING_SHARE)
+    )
+    if _improves(rounded, keep):
+        starts = [rounded.schedule, *starts[:-1]]
     searches = [get_solver("dp_nested")]
     searches += [get_solver("cached", warm_start=start) for start in starts]
     if not keep.feasible:
         searches.append(get_solver("nested"))
-    found = []
+    found = [rounded]
     refused: dict[str, str] = {}
     for k, search in enumerate(searches):
         share = deadline.remaining_s()
