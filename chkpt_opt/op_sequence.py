@@ -55,6 +55,7 @@ from chkpt_opt.graphs.costgraph import (
     CostGraph,
     edge_uses,
     ordered_nodes,
+    owned_storages,
     storage_owners,
     storage_refs,
 )
@@ -244,12 +245,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         return bwd_pos.get(node, end)
 
     def own_storages(node: str) -> dict[str, int]:
-        attrs = nodes[node]
-        made = dict(attrs["outputs"])
-        for sid, nbytes in attrs["saved"].items():
-            if owner[sid] == node:
-                made.setdefault(sid, nbytes)
-        return made
+        return owned_storages(graph, node, owner)
 
     def inside(k: int, sid: str) -> bool:
         return tree[k].start <= index[owner[sid]] < tree[k].stop

@@ -239,6 +239,17 @@ def storage_owners(graph: CostGraph) -> dict[str, str]:
     return owners
 
 
+def owned_storages(graph: CostGraph, node: str, owners: dict[str, str]) -> dict[str, int]:
+    """The storages that the forward of ``node`` allocates, with their bytes: its outputs,
+    and the saved storages it owns (``owners`` as :func:`storage_owners` returns it)."""
+    attrs = graph.nodes[node]
+    made = dict(attrs["outputs"])
+    for sid, nbytes in attrs["saved"].items():
+        if owners[sid] == node:
+            made.setdefault(sid, nbytes)
+    return made
+
+
 def edge_uses(graph: CostGraph, u: str, v: str) -> int:
     """How many arguments of ``v`` read the value of ``u`` (1 unless given)."""
     return int(graph.edges[u, v].get("uses", 1))

@@ -53,7 +53,13 @@ from dataclasses import dataclass, field
 
 from ortools.linear_solver import pywraplp
 
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
+from chkpt_opt.graphs.costgraph import (
+    CostGraph,
+    ordered_nodes,
+    owned_storages,
+    storage_owners,
+    storage_refs,
+)
 from chkpt_opt.graphs.io import graph_to_dict
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
@@ -220,16 +226,11 @@ class _Rows:
                     continue  # resident, or alive at the step under every schedule
                 reads.append((op, t))
                 if t not in row.kept:
-                    extra[t] = _storage_bytes(self.graph, owner[t], t)
+                    extra[t] = owned_storages(self.graph, owner[t], owner)[t]
                 stack.append(owner[t])
         found = _Closure(tuple(sorted(seen)), tuple(reads), extra)
         self._closures[row.position] = found
         return found
-
-
-def _storage_bytes(graph: CostGraph, node: str, sid: str) -> int:
-    attrs = graph.nodes[node]
-    return int(attrs["outputs"].get(sid, attrs["saved"].get(sid, 0)))
 
 
 MEMO_SIZE = 32
