@@ -125,6 +125,10 @@ def peers(
     return out
 
 
+class CompileFailed(Exception):
+    """torch.compile refused a plan's module (the reason is the message)."""
+
+
 @dataclasses.dataclass
 class Matched:
     """The chkpt_opt plan found for one peer, and what it measured."""
@@ -171,24 +175,31 @@ def match(
         tracked = None
         if compiled_peer:
             module = _Compiled(module, chkpt_opt.compile_module)
-            for _ in range(2):
-                run_step(module, args, {})
+            try:
+                for _ in range(2):
+                    run_step(module, args, {})
+            except torch._dynamo.exc.BackendCompilerFailed as err:
+                raise CompileFailed(str(err).splitlines()[0]) from err
         else:
             tracked = tracked_peak(module, args)
         return Matched(module, allocator_peak(module, args), made, plan_s, tracked)
 
-    if compiled_peer:
-        keep_all = build(base.profile.peak_bytes)  # Inductor alone may already fit
-        if keep_all is not None and keep_all.peak_bytes <= peer_bytes:
-            return keep_all
     target = peer_bytes
-    for _ in range(tries):
-        built = build(target)
-        if built is None:
-            return "infeasible"
-        if built.peak_bytes <= peer_bytes:
-            return built
-        target -= built.peak_bytes - peer_bytes + peer_bytes // 200
+    try:
+        if compiled_peer:
+            keep_all = build(base.profile.peak_bytes)  # Inductor alone may already fit
+            if keep_all is not None and keep_all.peak_bytes <= peer_bytes:
+                return keep_all
+        for _ in range(tries):
+            built = build(target)
+            if built is None:
+                return "infeasible"
+            if built.peak_bytes <= peer_bytes:
+                return built
+            target -= built.peak_bytes - peer_bytes + peer_bytes // 200
+    except CompileFailed as err:
+        log(f"  torch.compile failed on the plan at {target} bytes: {err}")
+        return "compile failed"
     return "not reached"
 
 
