@@ -14,12 +14,13 @@ from chkpt_opt.measure import measure_step
 from tests.conftest import MODELS, budget_at
 
 N_BUDGETS = 4
+LIMIT_S = 20.0  # these plans need a schedule that fits, not a proof of its optimality
 
 
 def _budgets(model, args, kwargs):
     """Budgets from the store-everything peak down to the smallest the solvers reach."""
     full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
-    lowest = smallest_peak(full.graph)
+    lowest = smallest_peak(full.graph, time_limit_s=LIMIT_S)
     minimum = full.static.resident_bytes + lowest.peak_bytes
     top = full.predicted_peak_bytes
     assert minimum < top, "checkpointing must be able to save memory on these models"
@@ -32,7 +33,9 @@ def test_budget_sweep_meets_budget_predicts_peak_and_keeps_gradients(name: str) 
     budgets, full = _budgets(model, args, kwargs)
     peaks = []
     for budget in budgets:
-        plan = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=budget, optimizer=None)
+        plan = chkpt_opt.plan(
+            model, args, example_kwargs=kwargs, budget=budget, optimizer=None, time_limit_s=LIMIT_S
+        )
         optimized = plan.apply()
         report = chkpt_opt.validate(
             model, optimized, args, kwargs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=1
@@ -52,7 +55,7 @@ def test_reference_gpt_meets_half_the_store_everything_peak_without_optimizer() 
     model, args, kwargs = zoo.gpt()  # 8 layers, d_model 256, 4 heads, seq 256, batch 8
     full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
     budget = full.predicted_peak_bytes // 2
-    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None)
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, time_limit_s=LIMIT_S)
     assert plan.predicted_peak_bytes <= budget
     optimized = plan.apply()
     torch.manual_seed(0)
@@ -74,7 +77,7 @@ def test_optimized_module_shares_parameters_and_state_dict_keys() -> None:
 
 def smallest_budget(model, args, kwargs) -> int:
     full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
-    return full.static.resident_bytes + smallest_peak(full.graph).peak_bytes
+    return full.static.resident_bytes + smallest_peak(full.graph, time_limit_s=LIMIT_S).peak_bytes
 
 
 @pytest.mark.parametrize("name", ["gpt", "resnet"])
@@ -86,7 +89,7 @@ def test_training_loop_matches_original_over_several_steps(name: str) -> None:
     model_b.load_state_dict(model_a.state_dict())
     budget = smallest_budget(model_b, args, kwargs)
     optimized = chkpt_opt.optimize(
-        model_b, args, example_kwargs=kwargs, budget=budget, optimizer=None
+        model_b, args, example_kwargs=kwargs, budget=budget, optimizer=None, time_limit_s=LIMIT_S
     )
     opt_a = torch.optim.AdamW(model_a.parameters(), lr=1e-3)
     opt_b = torch.optim.AdamW(model_b.parameters(), lr=1e-3)
@@ -105,7 +108,8 @@ def test_original_model_is_not_modified() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     modules_before = [type(m) for m in model.modules()]
     forward_before = type(model).forward
-    chkpt_opt.optimize(model, args, budget=smallest_budget(model, args, kwargs), optimizer=None)
+    budget = smallest_budget(model, args, kwargs)
+    chkpt_opt.optimize(model, args, budget=budget, optimizer=None, time_limit_s=LIMIT_S)
     assert [type(m) for m in model.modules()] == modules_before
     assert type(model).forward is forward_before
     for key, value in model.state_dict().items():
