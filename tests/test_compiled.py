@@ -181,3 +181,52 @@ def test_a_nested_plan_below_the_keep_set_floor_does_not_compile() -> None:
     with pytest.raises(InfeasibleBudgetError, match="cannot run") as info:
         plan.compile()
     assert info.value.min_feasible_bytes == full.static.step_peak_bytes(keep_floor.peak_bytes)
+
+
+class _Attention(torch.nn.Module):
+    """q, k, v projections, SDPA (a tuple-returning flash kernel under AOTAutograd on CPU),
+    a gate that saves SDPA's output for its backward, an output projection."""
+
+    def __init__(self, width: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.gate = torch.nn.Parameter(torch.ones(1, heads, 1, width // heads))
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y * self.gate  # saves SDPA's output
+        return self.out(y.transpose(1, 2).reshape(b, t, d)).pow(2).mean()
+
+
+def test_a_kept_tuple_output_op_in_a_region_compiles() -> None:
+    """A region holding SDPA whose output an op outside the region saves: the kept op
+    returns a tuple under AOTAutograd, which min-cut cannot save, so its getitems must be
+    kept too. Before the fix min-cut failed ("one of the above constraints is wrong";
+    found by benchmarks/hf_models.py on Llama)."""
+    from chkpt_opt.codegen import apply_schedule
+    from chkpt_opt.graphs.costgraph import ordered_nodes
+    from chkpt_opt.schedule import Schedule
+
+    torch.manual_seed(0)
+    model, args = _Attention().train(), (torch.randn(2, 32, 64),)
+    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    order = ordered_nodes(plan.graph)
+    at = next(i for i, v in enumerate(order) if "scaled_dot_product" in plan.graph.nodes[v]["op"])
+    schedule = Schedule(regions=((order[at],),))  # SDPA alone; the gate outside saves its output
+    module = apply_schedule(
+        plan.traced.captured.fresh_module(), plan.graph, schedule, for_compile=True
+    )
+    compiled = compile_module(module)
+    run_step(model, args, {})
+    want = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    run_step(compiled, args, {})
+    for got, expected in zip((p.grad for p in model.parameters()), want):
+        assert got is not None
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

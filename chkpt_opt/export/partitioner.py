@@ -141,6 +141,18 @@ def tag_plan_decisions(
         else:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
             saved += 1
+    # The outputs of an op that returns a tuple are its getitems, and min-cut cannot save
+    # the tuple: a getitem of a saved op is saved too, also one only the backward reads
+    # (SDPA's logsumexp), which is no required forward node and keeps its region's
+    # MUST_RECOMPUTE otherwise (then the op runs once, in the forward pass, and min-cut
+    # finds that output neither saveable nor recomputable).
+    for node in joint.graph.nodes:  # topological: nested getitems follow their producer
+        producer = node.args[0] if node.target is operator.getitem and node.args else None
+        if (
+            isinstance(producer, torch.fx.Node)
+            and producer.meta.get("recompute") == CheckpointPolicy.MUST_SAVE
+        ):
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
     return saved, recomputed, len(kept)
 
 
