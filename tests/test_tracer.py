@@ -730,3 +730,20 @@ def test_meta_model_parameters_allocate_no_real_memory() -> None:
     assert all(p.is_meta for p in model.parameters())
     fc1 = ordered_nodes(g)[0]
     assert g.nodes[fc1]["fwd_flops"] == 2 * 8 * width * width
+
+
+def test_measured_times_take_off_the_interpreters_per_node_overhead(monkeypatch) -> None:
+    """Each op's measured time loses the interpreter's overhead and gains the eager call's
+    (both measured on a node that does no work), never going below the eager call's."""
+    from chkpt_opt.graphs.tracer import timing
+
+    module = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+    inputs = [torch.randn(4, 8)]
+    interpreted, eager = timing.node_overhead_s(torch.device("cpu"))
+    assert interpreted > eager > 0.0
+    monkeypatch.setattr(timing, "node_overhead_s", lambda device, sync=None: (0.0, 0.0))
+    raw = timing.measure_forward_times(module, inputs)
+    assert raw and all(t > 0.0 for t in raw.values())
+    monkeypatch.setattr(timing, "node_overhead_s", lambda device, sync=None: (10.0, 1e-6))
+    corrected = timing.measure_forward_times(module, inputs)
+    assert set(corrected) == set(raw) and all(t == 1e-6 for t in corrected.values())

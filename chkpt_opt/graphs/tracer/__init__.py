@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,10 +139,36 @@ def _apply_measured_times(graph: CostGraph, captured: Captured) -> None:
         raise TraceError(
             "cannot time ops of a model on the meta device; trace without profile_times."
         )
-    times = measure_forward_times(captured.module, captured.flat_inputs)
+    times = _alike_ops_alike_times(
+        graph, measure_forward_times(captured.module, captured.flat_inputs)
+    )
     for name, attrs in graph.nodes(data=True):
         fwd = times.get(name, attrs["fwd_time_s"])
         ratio = attrs["bwd_flops"] / attrs["fwd_flops"] if attrs["fwd_flops"] else 2.0
         attrs["fwd_time_s"] = fwd
         attrs["bwd_time_s"] = fwd * ratio if attrs["has_backward"] else 0.0
     graph.graph["cost_model"] = f"measured-{graph.graph.get('device_type', 'cpu')}"
+
+
+def _alike_ops_alike_times(graph: CostGraph, times: dict[str, float]) -> dict[str, float]:
+    """Measured times with every group of alike ops (the same op on the same sizes and
+    FLOPs: the attention of every layer) given the group's median: the same work costs
+    the same, and the repeated blocks of a model stay identical for the block solvers
+    (their timing noise apart, they are)."""
+    groups: dict[tuple[object, ...], list[str]] = {}
+    for name, attrs in graph.nodes(data=True):
+        if name in times:
+            key = (
+                attrs["op"],
+                attrs["output_bytes"],
+                attrs["saved_bytes"],
+                attrs["n_saved"],
+                attrs["fwd_flops"],
+                attrs["bwd_flops"],
+            )
+            groups.setdefault(key, []).append(name)
+    alike: dict[str, float] = {}
+    for members in groups.values():
+        median = statistics.median(times[m] for m in members)
+        alike.update(dict.fromkeys(members, median))
+    return alike
