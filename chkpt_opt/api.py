@@ -28,9 +28,11 @@ import torch
 
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes
 from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.codegen.overhead import measure_region_overhead_s
 from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
+from chkpt_opt.measure import device_of
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
@@ -237,7 +239,9 @@ def plan(
             feasible budget when the budget cannot be met.
         tracer: ``"auto"`` (torch.export, then torch.fx), ``"export"`` or ``"fx"``.
         profile_times: time every op's forward on the model's device, so the solver weighs
-            recomputation by measured rather than estimated times (runs the model once).
+            recomputation by measured rather than estimated times (runs the model a few
+            times), and measure what one recompute region costs beyond its ops there
+            (:mod:`chkpt_opt.codegen.overhead`), which every region of a plan is charged.
 
     Raises:
         BudgetError: unreadable budget, or below the resident memory.
@@ -256,6 +260,10 @@ def plan(
         model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
     )
     graph = traced.graph
+    if profile_times:
+        graph.graph["region_overhead_s"] = measure_region_overhead_s(
+            device_of(model, traced.args)
+        )
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.costgraph import CostGraph, region_overhead_s
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule, check_schedule
 
@@ -48,7 +48,8 @@ class MemoryProfile:
         peak_index: position of the peak in ``timeline``.
         timeline: memory at every step of the op sequence.
         compute_s: estimated time of forward, recomputation and backward.
-        recompute_s: estimated time of the recomputation alone (the extra compute).
+        recompute_s: estimated time of the recomputation alone (the extra compute), with
+            the graph's ``region_overhead_s`` for every region, nested ones included.
         recompute_flops: floating-point operations recomputed.
         total_flops: floating-point operations of the whole step.
     """
@@ -111,6 +112,9 @@ def simulate(graph: CostGraph, schedule: Schedule, *, check: bool = True) -> Mem
             if step.kind == "recompute":
                 recompute_s += attrs["fwd_time_s"]
                 recompute_flops += attrs["fwd_flops"]
+    overhead = region_overhead_s(graph) * (len(schedule.regions) + len(schedule.nested))
+    compute_s += overhead
+    recompute_s += overhead
     return MemoryProfile(
         peak_bytes=peak,
         peak_index=peak_index,

@@ -255,6 +255,13 @@ def edge_uses(graph: CostGraph, u: str, v: str) -> int:
     return int(graph.edges[u, v].get("uses", 1))
 
 
+def region_overhead_s(graph: CostGraph) -> float:
+    """Seconds one recompute region adds to a step beyond recomputing its ops (the
+    checkpoint call, its saved-tensor hooks and the replay's setup): the graph attribute
+    ``region_overhead_s``, measured by ``plan(..., profile_times=True)``; 0 when absent."""
+    return float(graph.graph.get("region_overhead_s", 0.0))
+
+
 def total_compute_s(graph: CostGraph) -> float:
     """Estimated time of one forward and backward pass without recomputation."""
     return sum(
@@ -286,6 +293,16 @@ def check_graph(graph: CostGraph) -> None:
     for key in ("name", "device_type", "tracer", "torch_version", "cost_model"):
         if not isinstance(graph.graph.get(key), str):
             raise _fail(f"graph attribute {short(key)} must be a string.")
+    overhead = graph.graph.get("region_overhead_s", 0.0)
+    if (
+        isinstance(overhead, bool)
+        or not isinstance(overhead, (int, float))
+        or not 0.0 <= overhead < 1.0
+    ):
+        raise _fail(
+            f"graph attribute 'region_overhead_s' must be seconds in [0, 1), got "
+            f"{short(overhead)}; remove it (0) or measure it with plan(..., profile_times=True)."
+        )
     if not isinstance(graph.graph.get("outputs"), list):
         raise _fail("graph attribute 'outputs' must be a list of node names.")
     for out in graph.graph["outputs"]:

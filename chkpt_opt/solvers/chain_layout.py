@@ -12,7 +12,7 @@ from itertools import pairwise
 import numpy as np
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, region_overhead_s
 from chkpt_opt.solvers.chain_cuts import check_supported, cut_set, scan_storages
 from chkpt_opt.solvers.chain_replay import NEG, Replay, Rmq
 from chkpt_opt.solvers.interval_builder import build_interval_model
@@ -211,6 +211,7 @@ class ChainLayout:
         """Region data for every pair of cuts, and per region start the maxima of the bytes
         after a replay (base plus recomputed storages held by their savers)."""
         nodes, order, n, cuts = self.graph.nodes, self.order, self.n, self.cuts
+        overhead = region_overhead_s(self.graph)  # every region costs it, as simulate counts
         packer = [nodes[v]["n_saved"] > 0 for v in order]
         saves_own = [any(self.owner_idx[s] == i for s in self.saved_ids[i]) for i in range(n)]
         saver = [bool(self.saved_ids[i]) for i in range(n)]
@@ -236,11 +237,11 @@ class ChainLayout:
                 release = self.bwd_slot[fp] if fp < b else b - 1
                 last = (lp if saves_own[lp] else lp - 1) if lp >= a else a - 1
                 if last < a:
-                    self.region[ci][cj] = RegionData(0.0, -1, 0, release)
+                    self.region[ci][cj] = RegionData(overhead, -1, 0, release)
                     continue
                 s_last = prev_saver[b - 1] if prev_saver[b - 1] >= a else a
                 peak = replay.advance(last, s_last)
-                cost = sum(self.times[a : last + 1])
+                cost = sum(self.times[a : last + 1]) + overhead
                 self.region[ci][cj] = RegionData(cost, self.rec_slot[lp], peak, release)
 
         # G_a(s) = base(s) + recomputed storages owned from a on, alive at s after a replay

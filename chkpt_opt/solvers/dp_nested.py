@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.costgraph import CostGraph, region_overhead_s
 from chkpt_opt.schedule import Schedule, check_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
@@ -127,6 +127,13 @@ class DpNestedSolver:
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
         deadline = Deadline.after(time_limit_s)
+        if region_overhead_s(graph) > 0:
+            raise SolverError(
+                f"graph {graph.graph.get('name', '')!r} charges "
+                f"{region_overhead_s(graph):.3g} s per region (region_overhead_s), which "
+                "dp_nested's recurrence does not count; use solver 'nested', or drop the "
+                "graph attribute."
+            )
         chain = simple_chain(graph)
         if chain.n > self.max_ops:
             raise SolverError(

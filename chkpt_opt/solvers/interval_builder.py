@@ -7,7 +7,13 @@ import math
 from collections.abc import Sequence
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
+from chkpt_opt.graphs.costgraph import (
+    CostGraph,
+    ordered_nodes,
+    region_overhead_s,
+    storage_owners,
+    storage_refs,
+)
 from chkpt_opt.op_sequence import lower, replayed_ops
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
@@ -181,6 +187,7 @@ class _Builder:
         replayed_cache: dict[tuple[int, int], int] = {}
         cost_cache: dict[tuple[int, int], float] = {}
         cap = math.inf if self.max_cost_s is None else self.max_cost_s
+        overhead = region_overhead_s(self.graph)  # every region costs it, as simulate counts
         for ai, a in enumerate(self.positions):
             self.check_deadline("intervals")
             first_packer = next((i for i in range(a, n) if packer[i]), None)
@@ -207,7 +214,7 @@ class _Builder:
                         )
                     n_replayed = replayed_cache[a, last_packer]
                 if n_replayed == 0:
-                    intervals.append(Interval(a, b, 0.0, None, release, 0, ()))
+                    intervals.append(Interval(a, b, overhead, None, release, 0, ()))
                     continue
                 assert trigger is not None
                 last_replayed = a + n_replayed - 1
@@ -215,7 +222,7 @@ class _Builder:
                     cost_cache[a, last_replayed] = sum(
                         attrs[i]["fwd_time_s"] for i in range(a, last_replayed + 1)
                     )
-                cost = cost_cache[a, last_replayed]
+                cost = cost_cache[a, last_replayed] + overhead
                 if cost > cap:
                     break  # a later stop replays at least these ops: it costs at least as much
                 last_saver = last_saver_before[b] if last_saver_before[b] >= a else a
