@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cut_positions
-from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
+from chkpt_opt.solvers.judge import best_simulated
 from chkpt_opt.solvers.recompute_bound import recompute_bound
 
 THRESHOLDS = (0.99, 0.9, 0.75, 0.5, 0.25, 0.1, 0.01, 0.0)
@@ -73,28 +73,18 @@ def bound_rounding(
     allowed = cut_positions(graph)
     relaxed = recompute_bound(graph, budget_bytes, deadline=deadline)
     share = relaxed.recompute_share
-    best: tuple[Schedule, MemoryProfile] | None = None
-    tried: set[Schedule] = set()
-    for threshold in THRESHOLDS:
-        recomputed = [share.get(v, 0.0) > threshold for v in order]
-        for gap in GAPS:
-            if deadline.expired():
-                break
-            schedule = Schedule.from_spans(graph, rounded_spans(recomputed, allowed, gap=gap))
-            if schedule in tried:
-                continue
-            tried.add(schedule)
-            profile = simulate(graph, schedule)
-            if best is None or rank(profile, budget_bytes) < rank(best[1], budget_bytes):
-                best = (schedule, profile)
-    if best is None:
-        best = (Schedule(), simulate(graph, Schedule()))
-    schedule, profile = best
+    candidates = (
+        Schedule.from_spans(graph, rounded_spans(recomputed, allowed, gap=gap))
+        for threshold in THRESHOLDS
+        for recomputed in ([share.get(v, 0.0) > threshold for v in order],)
+        for gap in GAPS
+    )
+    schedule, profile, judged = best_simulated(graph, budget_bytes, candidates, deadline=deadline)
     return result_from_profile(
         schedule,
         profile,
         budget_bytes=budget_bytes,
         solver="bound_rounding",
         solve_s=clock.elapsed_s(),
-        stats={"schedules": len(tried), "lp_bound_s": relaxed.bound_s},
+        stats={"schedules": judged, "lp_bound_s": relaxed.bound_s},
     )

@@ -35,11 +35,11 @@ from collections.abc import Mapping
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cache_candidates, cut_positions
-from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.blocks import find_blocks
 from chkpt_opt.solvers.bound_rounding import rounded_spans
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
+from chkpt_opt.solvers.judge import best_simulated
 from chkpt_opt.solvers.recompute_bound import RecomputeBound, recompute_bound
 
 REGION_THRESHOLDS = (0.5, 0.1, 0.01)
@@ -76,30 +76,20 @@ def cache_rounding(
     if relaxed is None:
         relaxed = recompute_bound(graph, budget_bytes, deadline=deadline)
     share = relaxed.recompute_share
-    best: tuple[Schedule, MemoryProfile] | None = None
-    tried: set[Schedule] = set()
-    for spans in _region_spans(graph, order, share):
-        regions = Schedule.from_spans(graph, spans)
-        for saved in _cache_choices(graph, cache_candidates(graph, regions), share):
-            if deadline.expired():
-                break
-            schedule = Schedule(regions.regions, saved=saved)
-            if schedule in tried:
-                continue
-            tried.add(schedule)
-            profile = simulate(graph, schedule)
-            if best is None or rank(profile, budget_bytes) < rank(best[1], budget_bytes):
-                best = (schedule, profile)
-    if best is None:
-        best = (Schedule(), simulate(graph, Schedule()))
-    schedule, profile = best
+    candidates = (
+        Schedule(regions.regions, saved=saved)
+        for spans in _region_spans(graph, order, share)
+        for regions in (Schedule.from_spans(graph, spans),)
+        for saved in _cache_choices(graph, cache_candidates(graph, regions), share)
+    )
+    schedule, profile, judged = best_simulated(graph, budget_bytes, candidates, deadline=deadline)
     return result_from_profile(
         schedule,
         profile,
         budget_bytes=budget_bytes,
         solver="cache_rounding",
         solve_s=clock.elapsed_s(),
-        stats={"schedules": len(tried), "cached_ops": len(schedule.saved)},
+        stats={"schedules": judged, "cached_ops": len(schedule.saved)},
     )
 
 
