@@ -777,19 +777,26 @@ class _Routing(TorchDispatchMode):
 
 
 def test_mixture_of_experts_routing_does_not_change_on_recompute() -> None:
+    """Under the plan at the smallest budget and under the whole-forward schedule (which
+    recomputes every router: the plan's may cache a router, or stop its recomputation
+    before one), every routing decision made while recomputing is one the forward made."""
     args = (torch.randn(96, 32),)
-    _plan, optimized, model = check_hard_model(
+    plan, optimized, model = check_hard_model(
         MoeNet, args, covers=op_is("aten.topk", "aten.argmax")
     )
-    with preserved_state(model), _Routing() as routing:
-        torch.manual_seed(7)
-        loss_of(optimized(*args)).backward()
-    forward = [index for again, index in routing.decisions if not again]
-    recomputed = [index for again, index in routing.decisions if again]
-    assert len(forward) == 3  # two top-2 routers and one argmax router
-    assert recomputed, "the routers must be recomputed under this schedule"
-    for index in recomputed:
-        assert any(index.shape == f.shape and torch.equal(index, f) for f in forward)
+    forced = apply_schedule(
+        plan.traced.captured.fresh_module(), plan.graph, whole_forward(plan.graph)
+    )
+    for module, must_recompute in ((optimized, False), (forced, True)):
+        with preserved_state(model), _Routing() as routing:
+            torch.manual_seed(7)
+            loss_of(module(*args)).backward()
+        forward = [index for again, index in routing.decisions if not again]
+        recomputed = [index for again, index in routing.decisions if again]
+        assert len(forward) == 3  # two top-2 routers and one argmax router
+        assert recomputed or not must_recompute, "the whole forward recomputes the routers"
+        for index in recomputed:
+            assert any(index.shape == f.shape and torch.equal(index, f) for f in forward)
 
 
 # ---- torch.compile ------------------------------------------------------------------------
