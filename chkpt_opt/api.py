@@ -261,9 +261,7 @@ def plan(
     )
     graph = traced.graph
     if profile_times:
-        graph.graph["region_overhead_s"] = measure_region_overhead_s(
-            device_of(model, traced.args)
-        )
+        graph.graph["region_overhead_s"] = measure_region_overhead_s(device_of(model, traced.args))
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
