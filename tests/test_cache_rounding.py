@@ -93,3 +93,24 @@ def test_a_rounded_llama_schedule_runs_as_predicted(small_llama: tuple) -> None:
         abs(report.measured_peak_bytes - made.profile.peak_bytes)
         <= 0.03 * report.measured_peak_bytes
     )
+
+
+def test_the_summary_says_what_a_schedule_beyond_keep_set_beat() -> None:
+    """A result from beyond keep-set carries only the recompute bound's gap; the summary
+    line also says how much cheaper it is than the keep-set result, and whether that one
+    was proven optimal (the quickstart's plan: 0.02% below a proven keep-set optimum)."""
+    import dataclasses
+
+    from chkpt_opt.api import _beyond_keep_set_note
+
+    graph = load_graph(CORPUS / "gpt_small.json")
+    budget = int(0.8 * simulate(graph, Schedule()).peak_bytes)
+    result = get_solver("greedy")(graph, budget)
+    assert result.feasible and result.objective > 0
+    assert _beyond_keep_set_note(result) == ""
+    keep = {"status": "optimal", "objective_s": result.objective * 1.25}
+    beyond = dataclasses.replace(result, stats={**result.stats, "keep_set": keep})
+    note = _beyond_keep_set_note(beyond)
+    assert "20.00% cheaper than the proven optimal keep-set schedule" in note
+    keep["status"] = "feasible"
+    assert "cheaper than the keep-set schedule" in _beyond_keep_set_note(beyond)
