@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
@@ -73,13 +75,14 @@ def bound_rounding(
     allowed = cut_positions(graph)
     relaxed = recompute_bound(graph, budget_bytes, deadline=deadline)
     share = relaxed.recompute_share
-    candidates = (
-        Schedule.from_spans(graph, rounded_spans(recomputed, allowed, gap=gap))
-        for threshold in THRESHOLDS
-        for recomputed in ([share.get(v, 0.0) > threshold for v in order],)
-        for gap in GAPS
-    )
-    schedule, profile, judged = best_simulated(graph, budget_bytes, candidates, deadline=deadline)
+
+    def candidates() -> Iterator[Schedule]:
+        for threshold in THRESHOLDS:
+            recomputed = [share.get(v, 0.0) > threshold for v in order]
+            for gap in GAPS:
+                yield Schedule.from_spans(graph, rounded_spans(recomputed, allowed, gap=gap))
+
+    schedule, profile, judged = best_simulated(graph, budget_bytes, candidates(), deadline=deadline)
     return result_from_profile(
         schedule,
         profile,
