@@ -5,7 +5,9 @@ non-reentrant ``torch.utils.checkpoint``:
 
 * the body takes every value it reads from outside as an argument (parameters and buffers
   included), so it always sees the module's current tensors;
-* ``preserve_rng_state=True`` replays the RNG state, so dropout draws the same numbers;
+* a region that may draw random numbers replays the RNG state (``preserve_rng_state``),
+  so dropout draws the same numbers; one that draws none keeps no copy of that state
+  (:mod:`~chkpt_opt.codegen.randomness`);
 * ops that update module state (batch-norm running statistics, in-place updates of
   buffers such as ``num_batches_tracked``) leave that state alone while the region is
   recomputed (:class:`StateGuard`), so the state is updated exactly once per step;

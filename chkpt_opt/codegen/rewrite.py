@@ -10,6 +10,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
+from chkpt_opt.codegen.randomness import draws_random
 from chkpt_opt.codegen.runtime import CheckpointRegion, begin_cached_op, end_cached_op
 from chkpt_opt.codegen.state import (
     _guard_stateful,
@@ -171,6 +172,7 @@ def _outline(
         flat=flat,
         for_compile=for_compile,
         cache_key=key,
+        replays_rng=draws_random(region, gm),
     )
     gm.add_submodule(name, wrapper)
     with gm.graph.inserting_before(region[0]):

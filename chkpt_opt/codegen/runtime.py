@@ -241,6 +241,10 @@ class CheckpointRegion(torch.nn.Module):
     ran: a copy is taken then, and the recomputation reads it (a private copy of it for
     the positions in ``written``, which the region writes in place).
 
+    ``replays_rng`` asks checkpoint to copy the default generators' state and replay it on
+    recomputation; codegen sets it False for a region that draws no random numbers
+    (:mod:`~chkpt_opt.codegen.randomness`), which then holds no copy of that state.
+
     The body and the root are held outside the module tree, so the optimized module has
     exactly the parameters, buffers and state_dict keys of the model.
     """
@@ -260,6 +264,7 @@ class CheckpointRegion(torch.nn.Module):
         cache_key: str = "",
         inner: tuple[CheckpointRegion, ...] = (),
         flat: tuple[torch.fx.GraphModule, tuple[str, ...]] | None = None,
+        replays_rng: bool = True,
     ) -> None:
         super().__init__()
         object.__setattr__(self, "_flat", flat)
@@ -273,6 +278,7 @@ class CheckpointRegion(torch.nn.Module):
         self.snapshot = snapshot
         self.written = written
         self.for_compile = for_compile
+        self.replays_rng = replays_rng
         self._key = cache_key
 
     @property
@@ -364,7 +370,7 @@ class CheckpointRegion(torch.nn.Module):
                 functools.partial(self._run_traced, live),
                 *acts,
                 use_reentrant=False,
-                preserve_rng_state=True,
+                preserve_rng_state=self.replays_rng,
             )
         statics = [*live, *self._attrs()]
         snapshots: tuple[torch.Tensor, ...] = ()
@@ -377,7 +383,7 @@ class CheckpointRegion(torch.nn.Module):
             *acts,
             *snapshots,
             use_reentrant=False,
-            preserve_rng_state=True,
+            preserve_rng_state=self.replays_rng,
             context_fn=(
                 functools.partial(_selective_contexts, self._key) if self._key else _contexts
             ),
