@@ -132,3 +132,17 @@ def test_auto_beyond_keep_set_reports_the_bound_and_the_floor_of_every_schedule(
         else:
             lower = result.stats["recompute_bound"]["floor_bytes"]
             assert 0 < lower <= result.peak_bytes <= keep_min
+
+
+def test_auto_stops_where_the_lowest_keep_set_peak_meets_the_floor_of_every_schedule() -> None:
+    """Nothing fits, and the keep-set stages' lowest peak is the recompute bound's floor,
+    which holds over every schedule: auto does not search beyond keep-set, and says its
+    proof holds over every schedule (brute force over nested and cached ones agrees)."""
+    graph = chain_graph(4, activation_bytes=1000)
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.65)
+    result = get_solver("auto")(graph, budget, time_limit_s=20)
+    assert not result.feasible and result.proves_infeasible
+    assert result.stats["proofs_over"] == "every_schedule"
+    assert "beyond_keep_set" not in result.stats
+    assert result.peak_bytes == result.stats["recompute_bound"]["floor_bytes"]
+    assert general_optimum(graph, budget) is None

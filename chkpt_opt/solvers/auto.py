@@ -29,7 +29,9 @@ first in at most 15% of the limit, which gives graphs too large for the integer
 programs a proven gap, and proves a budget below every schedule's peak infeasible.
 
 Beyond keep-set (``general=True``, the default; ``general=False`` stops at keep-set): the
-proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``). The
+proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``), except
+where the keep-set result meets the recompute bound (or, nothing fitting, its floor), which
+holds over every schedule: the search stops there (``"every_schedule"``). Otherwise the
 keep-set stages stop at 80% of the limit (``general_share``); in the time left, the cached
 ops that the recompute bound's LP keeps are rounded into regions
 (:mod:`~chkpt_opt.solvers.cache_rounding`: selective-checkpoint schedules, a region per
@@ -246,9 +248,9 @@ def _beyond_keep_set(
     docstring); the cached-op search starts from each of ``starts`` (the keep-set result's
     schedule first). ``cover``'s bound holds over every schedule, so it is the bound of a
     result from beyond keep-set."""
+    if _proven_over_every_schedule(keep, cover):
+        return dataclasses.replace(keep, stats=dict(keep.stats, proofs_over="every_schedule"))
     keep_stats = dict(keep.stats, proofs_over="keep_set")
-    if keep.feasible and keep.objective <= 0.0:  # nothing is cheaper than no recompute
-        return dataclasses.replace(keep, stats=keep_stats)
     # The cached ops the recompute bound's LP keeps, rounded (cheap, and it reads the bound
     # already solved); the exact nested DP (it refuses graphs that are no simple chain at
     # once); the cached-op searches from the better of the rounded schedule and the
@@ -331,6 +333,17 @@ def _beyond_keep_set(
         stats=stats,
         proves_infeasible=cover.proves_infeasible,
     )
+
+
+def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> bool:
+    """Whether nothing beyond keep-set can beat ``keep``: it recomputes nothing, or its
+    cost meets the recompute bound, or (nothing fitting) its peak meets the bound's floor;
+    the bound and the floor hold over every schedule."""
+    if keep.feasible:
+        if keep.objective <= 0.0:
+            return True
+        return cover.bound_s is not None and keep.objective <= cover.bound_s + 1e-12
+    return cover.floor_bytes >= keep.peak_bytes
 
 
 def _cover_stats(cover: RecomputeBound) -> dict[str, object]:
