@@ -18,7 +18,7 @@ from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph, ordered_nodes
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.measure import measure_step
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.schedule import Schedule, cacheable_ops
 from chkpt_opt.simulate import simulate
 
 F32 = 4  # bytes per float32 element
@@ -747,3 +747,23 @@ def test_measured_times_take_off_the_interpreters_per_node_overhead(monkeypatch)
     monkeypatch.setattr(timing, "node_overhead_s", lambda device, sync=None: (10.0, 1e-6))
     corrected = timing.measure_forward_times(module, inputs)
     assert set(corrected) == set(raw) and all(t == 1e-6 for t in corrected.values())
+
+
+@pytest.mark.parametrize(("dropout_p", "random"), [(0.0, False), (0.1, True)])
+def test_attention_is_random_only_with_a_dropout_probability(
+    dropout_p: float, random: bool
+) -> None:
+    """Attention's ATen ops carry the nondeterministic_seeded tag whatever their dropout
+    probability; at a literal 0 they draw nothing, so a region may cache them (the op
+    selective checkpointing saves first) and codegen need not replay the generators."""
+
+    class Attention(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=dropout_p)
+            return y.sum()
+
+    graph = chkpt_opt.trace(Attention().train(), (torch.randn(2, 4, 16, 8, requires_grad=True),))
+    attention = [n for n, a in graph.nodes(data=True) if "scaled_dot_product" in a["op"]]
+    assert attention
+    assert all(graph.nodes[n]["is_random"] is random for n in attention)
+    assert all((n in cacheable_ops(graph)) is not random for n in attention)

@@ -77,13 +77,15 @@ def op_name(node: torch.fx.Node, root: torch.nn.Module | None = None) -> str:
 
 
 def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
-    """Whether the op draws random numbers (so a recompute must replay the RNG state)."""
+    """Whether the op draws random numbers (so a recompute must replay the RNG state).
+
+    An ATen op says so with the ``nondeterministic_seeded`` tag, except where its dropout
+    probability is a literal 0 (attention at ``dropout_p=0``, dropout at ``p=0`` or
+    ``train=False``), which draws nothing. Other ops by name or module type; see
+    :func:`may_draw_random` for the conservative answer."""
     target = node.target
-    if (
-        isinstance(target, torch._ops.OpOverload)
-        and torch.Tag.nondeterministic_seeded in target.tags
-    ):
-        return True
+    if isinstance(target, torch._ops.OpOverload):
+        return _aten_draws(node, target)
     if node.op == "call_module" and root is not None:
         module = root.get_submodule(str(target))
         if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training:
@@ -92,6 +94,55 @@ def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
         return False
     last = op_name(node, root).rsplit(".", 1)[-1].split(":")[-1].rstrip("_")
     return last in _RANDOM_NAMES
+
+
+def may_draw_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
+    """:func:`is_random` where the op is an ATen op or a dropout module, and True for any
+    other op but a getitem or a function of Python's ``operator``, ``builtins`` or
+    ``math`` (a function, method or module of a torch.fx capture may draw by any name)."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return _aten_draws(node, target)
+    dropout = torch.nn.modules.dropout._DropoutNd
+    if node.op == "call_module" and isinstance(_module(root, target), dropout):
+        return is_random(node, root)
+    if node.op == "call_function" and callable(target):
+        return getattr(target, "__module__", None) not in ("_operator", "builtins", "math")
+    return True
+
+
+def _aten_draws(node: torch.fx.Node, target: torch._ops.OpOverload) -> bool:
+    if torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    schema = target._schema
+    dropout_p = _argument(node, schema, "dropout_p")
+    if dropout_p is not _UNSET:
+        return not (isinstance(dropout_p, (int, float)) and dropout_p == 0)
+    if target.overloadpacket in (torch.ops.aten.native_dropout, torch.ops.aten.dropout):
+        p, train = _argument(node, schema, "p"), _argument(node, schema, "train")
+        return not ((isinstance(p, (int, float)) and p == 0) or train is False)
+    return True
+
+
+_UNSET = object()
+
+
+def _module(root: torch.nn.Module | None, target: Any) -> torch.nn.Module | None:
+    return None if root is None else root.get_submodule(str(target))
+
+
+def _argument(node: torch.fx.Node, schema: torch.FunctionSchema, name: str) -> Any:
+    """The value ``node`` passes for the schema argument ``name`` (its default if none);
+    ``_UNSET`` when the schema has no such argument or it has no value."""
+    for index, argument in enumerate(schema.arguments):
+        if argument.name != name:
+            continue
+        if name in node.kwargs:
+            return node.kwargs[name]
+        if not argument.kwarg_only and index < len(node.args):
+            return node.args[index]
+        return argument.default_value if argument.has_default_value() else _UNSET
+    return _UNSET
 
 
 def mutated_arg_positions(node: torch.fx.Node, root: torch.nn.Module | None = None) -> list[int]:
