@@ -17,6 +17,7 @@ from chkpt_opt import zoo
 from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph, ordered_nodes
 from chkpt_opt.graphs.tracer import trace_model
+from chkpt_opt.graphs.tracer.ops import may_draw_random
 from chkpt_opt.measure import measure_step
 from chkpt_opt.schedule import Schedule, cacheable_ops
 from chkpt_opt.simulate import simulate
@@ -749,21 +750,23 @@ def test_measured_times_take_off_the_interpreters_per_node_overhead(monkeypatch)
     assert set(corrected) == set(raw) and all(t == 1e-6 for t in corrected.values())
 
 
-@pytest.mark.parametrize(("dropout_p", "random"), [(0.0, False), (0.1, True)])
-def test_attention_is_random_only_with_a_dropout_probability(
-    dropout_p: float, random: bool
-) -> None:
+@pytest.mark.parametrize(("dropout_p", "draws"), [(0.0, False), (0.1, True)])
+def test_attention_draws_only_with_a_dropout_probability(dropout_p: float, draws: bool) -> None:
     """Attention's ATen ops carry the nondeterministic_seeded tag whatever their dropout
-    probability; at a literal 0 they draw nothing, so a region may cache them (the op
-    selective checkpointing saves first) and codegen need not replay the generators."""
+    probability; at a literal 0 they draw nothing (codegen need not replay the generators
+    around them), and they stay random ops of the cost graph, which no region caches."""
 
     class Attention(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = torch.nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=dropout_p)
             return y.sum()
 
-    graph = chkpt_opt.trace(Attention().train(), (torch.randn(2, 4, 16, 8, requires_grad=True),))
+    x = torch.randn(2, 4, 16, 8, requires_grad=True)
+    traced = trace_model(Attention().train(), (x,))
+    graph, gm = traced.graph, traced.captured.fresh_module()
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
     attention = [n for n, a in graph.nodes(data=True) if "scaled_dot_product" in a["op"]]
     assert attention
-    assert all(graph.nodes[n]["is_random"] is random for n in attention)
-    assert all((n in cacheable_ops(graph)) is not random for n in attention)
+    assert all(may_draw_random(fx_nodes[n], gm) is draws for n in attention)
+    assert all(graph.nodes[n]["is_random"] for n in attention)
+    assert not any(n in cacheable_ops(graph) for n in attention)

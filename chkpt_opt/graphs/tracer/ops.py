@@ -77,15 +77,19 @@ def op_name(node: torch.fx.Node, root: torch.nn.Module | None = None) -> str:
 
 
 def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
-    """Whether the op draws random numbers (so a recompute must replay the RNG state).
-
-    An ATen op says so with the ``nondeterministic_seeded`` tag, except where its dropout
-    probability is a literal 0 (attention at ``dropout_p=0``, dropout at ``p=0`` or
-    ``train=False``), which draws nothing. Other ops by name or module type; see
-    :func:`may_draw_random` for the conservative answer."""
+    """Whether the op is a random op: an ATen op with the ``nondeterministic_seeded`` tag
+    (attention whatever its dropout probability), a dropout module that drops, or a
+    function or method by name. The cost graph records it, and no region caches such an op
+    (:func:`~chkpt_opt.schedule.cacheable_ops`); attention stays out of caches so, since a
+    cached composite attention is predicted above what it holds (on the quickstart's GPT,
+    16% above the measured peak). Whether an op really draws at run time, for the replay
+    decision, is :func:`may_draw_random`."""
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return _aten_draws(node, target)
+    if (
+        isinstance(target, torch._ops.OpOverload)
+        and torch.Tag.nondeterministic_seeded in target.tags
+    ):
+        return True
     if node.op == "call_module" and root is not None:
         module = root.get_submodule(str(target))
         if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training:
@@ -97,9 +101,12 @@ def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
 
 
 def may_draw_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
-    """:func:`is_random` where the op is an ATen op or a dropout module, and True for any
-    other op but a getitem or a function of Python's ``operator``, ``builtins`` or
-    ``math`` (a function, method or module of a torch.fx capture may draw by any name)."""
+    """Whether the op may draw from the default generators when it runs: an ATen op with
+    the ``nondeterministic_seeded`` tag unless its dropout probability is a literal 0
+    (attention at ``dropout_p=0``, dropout at ``p=0`` or ``train=False``), a dropout module
+    as :func:`is_random` says, and any other op but a function of Python's ``operator``,
+    ``builtins`` or ``math`` (a function, method or module of a torch.fx capture may draw
+    by any name)."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return _aten_draws(node, target)
