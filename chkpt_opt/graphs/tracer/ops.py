@@ -82,7 +82,7 @@ def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
     function or method by name. The cost graph records it, and no region caches such an op
     (:func:`~chkpt_opt.schedule.cacheable_ops`); attention stays out of caches so, since a
     cached composite attention is predicted above what it holds (on the quickstart's GPT,
-    16% above the measured peak). Whether an op really draws at run time, for the replay
+    18% above the measured peak). Whether an op really draws at run time, for the replay
     decision, is :func:`may_draw_random`."""
     target = node.target
     if (
@@ -109,7 +109,7 @@ def may_draw_random(node: torch.fx.Node, root: torch.nn.Module | None = None) ->
     by any name)."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        return _aten_draws(node, target)
+        return _aten_draws(node, target, root)
     dropout = torch.nn.modules.dropout._DropoutNd
     if node.op == "call_module" and isinstance(_module(root, target), dropout):
         return is_random(node, root)
@@ -118,38 +118,30 @@ def may_draw_random(node: torch.fx.Node, root: torch.nn.Module | None = None) ->
     return True
 
 
-def _aten_draws(node: torch.fx.Node, target: torch._ops.OpOverload) -> bool:
+def _aten_draws(
+    node: torch.fx.Node, target: torch._ops.OpOverload, root: torch.nn.Module | None
+) -> bool:
     if torch.Tag.nondeterministic_seeded not in target.tags:
         return False
-    schema = target._schema
-    dropout_p = _argument(node, schema, "dropout_p")
-    if dropout_p is not _UNSET:
-        return not (isinstance(dropout_p, (int, float)) and dropout_p == 0)
+    # Every argument by its schema name, defaults filled in (None where the call is not
+    # bound to the schema: then it may draw).
+    normalized = node.normalized_arguments(root, normalize_to_only_use_kwargs=True)
+    if normalized is None:
+        return True
+    named = normalized.kwargs
+    if "dropout_p" in named:
+        return not _is_zero(named["dropout_p"])
     if target.overloadpacket in (torch.ops.aten.native_dropout, torch.ops.aten.dropout):
-        p, train = _argument(node, schema, "p"), _argument(node, schema, "train")
-        return not ((isinstance(p, (int, float)) and p == 0) or train is False)
+        return not (_is_zero(named.get("p")) or named.get("train") is False)
     return True
 
 
-_UNSET = object()
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value == 0
 
 
 def _module(root: torch.nn.Module | None, target: Any) -> torch.nn.Module | None:
     return None if root is None else root.get_submodule(str(target))
-
-
-def _argument(node: torch.fx.Node, schema: torch.FunctionSchema, name: str) -> Any:
-    """The value ``node`` passes for the schema argument ``name`` (its default if none);
-    ``_UNSET`` when the schema has no such argument or it has no value."""
-    for index, argument in enumerate(schema.arguments):
-        if argument.name != name:
-            continue
-        if name in node.kwargs:
-            return node.kwargs[name]
-        if not argument.kwarg_only and index < len(node.args):
-            return node.args[index]
-        return argument.default_value if argument.has_default_value() else _UNSET
-    return _UNSET
 
 
 def mutated_arg_positions(node: torch.fx.Node, root: torch.nn.Module | None = None) -> list[int]:
