@@ -189,7 +189,7 @@ class AutoSolver:
             bounds.append(cover.bound_s)
         bound = max(bounds) if bounds and best.feasible else best.bound
         status = best.status
-        if status == SolveStatus.FEASIBLE and bound is not None and best.objective <= bound + 1e-12:
+        if status == SolveStatus.FEASIBLE and _meets(best.objective, bound):
             status = SolveStatus.OPTIMAL
         proven_infeasible = cover.proves_infeasible or any(r.proves_infeasible for r in results)
         if status == SolveStatus.INFEASIBLE and not proven_infeasible:
@@ -316,7 +316,7 @@ def _beyond_keep_set(
         )
     if best.feasible:
         status = SolveStatus.FEASIBLE
-        if cover.bound_s is not None and best.objective <= cover.bound_s + 1e-12:
+        if _meets(best.objective, cover.bound_s):
             status = SolveStatus.OPTIMAL
     else:
         status = SolveStatus.INFEASIBLE
@@ -332,6 +332,11 @@ def _beyond_keep_set(
     )
 
 
+def _meets(objective_s: float, bound_s: float | None) -> bool:
+    """Whether a cost meets a proven lower bound on it (rounding aside): it is optimal."""
+    return bound_s is not None and objective_s <= bound_s + 1e-12
+
+
 def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> bool:
     """Whether nothing beyond keep-set can beat ``keep``: it recomputes nothing, or its
     cost meets the recompute bound, or (nothing fitting) its peak meets the bound's floor;
@@ -339,7 +344,7 @@ def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> boo
     if keep.feasible:
         if keep.objective <= 0.0:
             return True
-        return cover.bound_s is not None and keep.objective <= cover.bound_s + 1e-12
+        return _meets(keep.objective, cover.bound_s)
     return cover.floor_bytes >= keep.peak_bytes
 
 
