@@ -16,17 +16,21 @@ s in all; on random DAGs and traced models of 20-60 ops: 36.8 s against 43.1 s; 
 106 ops: 24.7 s, all proven). The warm start is passed as a hint where the backend takes one:
 SCIP (OR-Tools 9.15's HiGHS interface crashes on hints). OR-Tools reports HiGHS' incumbent as
 its best bound, so with HiGHS a bound is only given once optimality is proven. Both backends
-run single-threaded with a fixed seed, so results are deterministic.
+run single-threaded with a fixed seed, so results are deterministic. HiGHS may overrun its
+time limit in presolve; a solve still running a second past the deadline is left to stop on
+its own (:func:`~chkpt_opt.solvers.deadline.run_within`) and counts as not solved.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 from ortools.linear_solver import pywraplp
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded, run_within
 from chkpt_opt.solvers.interval_program import IntervalProgram, ProgramVariables
 from chkpt_opt.solvers.judge import Outcome
 
@@ -34,8 +38,10 @@ BACKENDS = {"highs": "HIGHS", "scip": "SCIP"}
 DEFAULT_BACKEND = "highs"
 HINTED_BACKENDS = ("scip",)  # pywraplp crashes on SetHint with HiGHS (OR-Tools 9.15)
 MAX_TIGHTENINGS = 3
+UNKNOWN_STATUS = 99  # what pywraplp returns when HiGHS stops at its time limit
 
 MilpVariables = ProgramVariables[pywraplp.Variable]
+log = logging.getLogger(__name__)
 
 
 def check_backend(backend: str) -> None:
@@ -187,7 +193,24 @@ def solve_milp(
         if hint_ids is not None and backend in HINTED_BACKENDS:
             z, x, y = program.values(hint_ids)
             solver.SetHint(v.z + v.x + v.y, [float(a) for a in z + x + y])
-        status = run_milp(solver, time_limit_s=deadline.remaining_s(), seed=seed, backend=backend)
+        try:
+            status = run_within(
+                deadline,
+                functools.partial(
+                    run_milp,
+                    solver,
+                    time_limit_s=deadline.remaining_s(),
+                    seed=seed,
+                    backend=backend,
+                ),
+                what=f"the {backend} MILP solve",
+            )
+        except DeadlineExceeded as err:
+            log.info("milp: %s", err)
+            stats["milp_left_at_deadline"] = True
+            if attempt == 0:
+                first_status = pywraplp.Solver.NOT_SOLVED
+            break
         found = status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
         if attempt == 0:
             first_status = status
@@ -219,4 +242,5 @@ _STATUS = {
     pywraplp.Solver.UNBOUNDED: "UNBOUNDED",
     pywraplp.Solver.ABNORMAL: "ABNORMAL",
     pywraplp.Solver.NOT_SOLVED: "NOT_SOLVED",
+    UNKNOWN_STATUS: "UNKNOWN (a limit was reached; OR-Tools' HiGHS interface returns no incumbent)",
 }
