@@ -35,6 +35,9 @@ non-reentrant checkpoint and selective-checkpoint policies:
 * a saved tensor belongs to the innermost region around the op that saves it; an inner
   region's inputs are saved tensors of its parent (the parent's frame holds them, so in
   the forward pass they are kept only if the outermost region keeps them as its inputs);
+* the code that calls a nested region holds its inputs until the region returns: in the
+  forward pass, and in every replay that runs it, an inner region's inputs live at least
+  until its last op has run (or until the replay ends, where it stops inside the region);
 * a region is recomputed just before the first backward op that unpacks one of its own
   saved tensors, or just before an inner region's recomputation needs its inputs (outer
   regions first). The recomputation runs the region's ops from its first one up to its
@@ -251,6 +254,12 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         return tree[k].start <= index[owner[sid]] < tree[k].stop
 
     prefixes = [set(r.prefix) for r in replays]
+    descendants: list[list[int]] = [[] for _ in tree]
+    for d, span in enumerate(tree):
+        k = span.parent
+        while k >= 0:
+            descendants[k].append(d)
+            k = tree[k].parent
 
     def value(sid: str, k: int) -> str:
         """The instance that holds storage ``sid`` as the recomputation of region ``k``
@@ -302,6 +311,9 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         if span.parent < 0:
             for sid in region_inputs(k):
                 hold(f"f:{sid}", frame_release(k))
+        else:  # the parent's code holds a nested region's inputs while the region runs
+            for sid in region_inputs(k):
+                hold(f"f:{sid}", fwd_pos[order[span.stop - 1]])
     for n in sorted(schedule.saved, key=lambda n: index[n]):
         k, i = inner[index[n]], index[n]
         if k in replay_start and i in prefixes[k]:  # the recomputation takes it here
@@ -346,6 +358,19 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 continue
             for sid in region_inputs(c):
                 hold(value(sid, k), replay_end.get(c, frame_release(k)))
+        # Regions inside run as checkpoints again; their callers hold their inputs while
+        # they run: up to their last op, or to the end where the replay stops inside them.
+        reached = replays[k].prefix
+        for d in descendants[k]:
+            if not reached or tree[d].start > reached[-1]:
+                continue  # the replay stops before this region
+            if tree[d].stop - 1 > reached[-1]:
+                until = replay_end[k]
+            else:
+                ran = [rec_pos[k, i] for i in replays[k].computed if i < tree[d].stop]
+                until = max(ran, default=replay_start[k])
+            for sid in region_inputs(d):
+                hold(value(sid, k), until)
 
     # Gradients.
     transient = [0] * end

@@ -170,3 +170,23 @@ def test_random_general_schedules_run_as_predicted_with_the_same_gradients(name:
         if checked == 5:
             break
     assert checked == 5
+
+
+def test_a_nested_regions_inputs_are_held_while_it_runs_as_measured() -> None:
+    # Four levels of nesting on an 8-layer linear+ReLU chain: in the forward pass and in
+    # every replay, the code calling a nested checkpoint holds its inputs until it returns
+    # (measured 27% above a model that frees them after their last reader).
+    model, args, kwargs = zoo.relu_chain(width=64, depth=8, batch=256)
+    traced = trace_model(model, args, kwargs)
+    graph = traced.graph
+    schedule = Schedule(
+        regions=_spans(graph, (0, 15), (16, 18)),
+        nested=_spans(
+            graph,
+            *[(0, 5), (1, 5), (2, 5), (2, 3), (3, 5), (5, 15), (6, 15), (6, 9), (6, 7)],
+            *[(7, 9), (9, 15), (10, 15), (10, 13), (10, 11), (11, 13), (13, 15)],
+        ),
+    )
+    check_schedule(graph, schedule)
+    module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
+    assert measure_step(module, args, kwargs).peak_bytes == simulate(graph, schedule).peak_bytes
