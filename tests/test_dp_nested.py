@@ -139,8 +139,9 @@ def test_deep_chain_below_three_quarters_of_the_keep_set_floor_cheaper_than_nest
     budget = int(0.75 * (keep_set_min + resident)) - resident
     heuristic = get_solver("nested")(graph, budget, time_limit_s=20)
     start = time.perf_counter()
-    result = get_solver("dp_nested")(graph, budget, time_limit_s=60)  # 15 s on 2 cores
-    assert time.perf_counter() - start < 60 + 5
+    # The full solve takes about 80 s on 2 cores; within 20 s the coarse stages answer.
+    result = get_solver("dp_nested")(graph, budget, time_limit_s=20)
+    assert time.perf_counter() - start < 20 + 5
     assert_valid_result(graph, result, budget)
     assert result.feasible and result.schedule.nested
     assert heuristic.feasible and result.objective <= heuristic.objective

@@ -32,6 +32,18 @@ outside holds at all of its steps. Its value is the cheapest plan whose steps fi
 memoized per frame over ranges of ``m`` (a plan that is optimal for ``m`` and peaks at
 ``P`` is optimal for every budget in ``[P, m]``).
 
+**Runs.** A region also *runs* inside enclosing runs: in the forward pass and in each
+outer replay that reaches it, as a checkpoint holding nothing, its ops one after another,
+while the code calling each region nested in it holds that region's input until it returns
+(:func:`chkpt_opt.op_sequence.lower`). What a run needs above its caller's bytes and its
+own input (``FrameResult.run_peak``) depends on the region's plan, so a frame is also given
+its *run room* ``r``, the least room of the runs it takes part in, and its plan must fit
+it. Frames are memoized over boxes of (budget, run room); a room that turned nothing away,
+here or in the regions inside, holds for any larger room
+(:class:`~chkpt_opt.solvers.nested_front.FrameMemo`). Minimizing the peak, each frame's
+plan is chosen by its own steps, which may leave a lower peak with a leaner run unfound;
+``dp_nested`` proves the lowest peak with this DP under a budget one byte below it.
+
 **Space.** Every region contains a packer: a region without one is never replayed and
 holds nothing a plain op would not (or, inside a replay, makes the replay run further), so
 it is never better; the brute-force tests check the claim on small chains.
@@ -45,12 +57,22 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.solvers.chain_replay import Rmq
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.nested_chain import NestedChain, Plan
-from chkpt_opt.solvers.nested_front import Entry, FrameResult, pieces, prune, split_outer
+from chkpt_opt.solvers.nested_front import (
+    INF_BYTES,
+    Entry,
+    FrameMemo,
+    FrameResult,
+    piece_end,
+    pieces,
+    prune,
+    run_op_bytes,
+    run_peak,
+    split_outer,
+    tail_run_bytes,
+)
 
 NONE, KEY, ALWAYS = 0, 1, 2
 """How a frame's outer tensor is held past the frame's replay (see the module docstring)."""
-
-INF_BYTES = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,7 @@ class _Frame:
     eth: int  # ... at the steps handling ops from this one on
     rec_const: int  # bytes at each step of its replay besides the ops' own
     m: int  # bytes left above the outside
+    r: int  # bytes left for its run inside enclosing runs (FrameResult.run_peak)
 
 
 class NestedDp:
@@ -104,8 +127,10 @@ class NestedDp:
             [q for q in self.cuts if q > c.fp[p]] if p < c.n and p in usable else []
             for p in range(c.n + 1)
         ]
-        self.memo: dict[tuple, list[tuple[int, int, FrameResult]]] = {}
-        self.infeasible: dict[tuple, int] = {}
+        self.memo = FrameMemo()
+        self.runs: dict = {}  # run_peak's memo
+        self.run_limited = 0  # how often a run room has turned a plan away
+        self.run_hi = INF_BYTES  # the largest run room the last frame() answer holds for
         self.frames_solved = 0
 
     # -- helpers ---------------------------------------------------------------------------
@@ -136,10 +161,10 @@ class NestedDp:
     # -- a region's frame -----------------------------------------------------------------
 
     def frame(
-        self, a: int, b: int, mode: int, eb: int, eth: int, tail_done: bool, m: int
+        self, a: int, b: int, mode: int, eb: int, eth: int, tail_done: bool, m: int, r: int
     ) -> FrameResult | None:
-        """The best plan of region ``[a, b)``'s frame within ``m`` bytes (see the module
-        docstring), or None."""
+        """The best plan of region ``[a, b)``'s frame within ``m`` bytes whose run inside
+        enclosing runs needs at most ``r`` bytes (see the module docstring), or None."""
         c = self.c
         if c.sin[a] or (mode == KEY and c.fp[a] <= a):
             mode = ALWAYS
@@ -151,31 +176,31 @@ class NestedDp:
         if c.lp[b] == b - 1:
             tail_done = False  # no tail: nothing to hoist
         if self.peak_mode:
-            m = INF_BYTES  # no budget: the peak is what is minimized
-        if m < 0:
+            m = r = INF_BYTES  # no budget: the peak is what is minimized
+        if m < 0 or r < 0:
             return None
         key = (a, b, mode, eb, eth, tail_done)
-        if m <= self.infeasible.get(key, -1):
-            return None
-        for lo, hi, result in self.memo.get(key, ()):
-            if lo <= m <= hi:
-                return result
+        hit, result, self.run_hi = self.memo.lookup(key, m, r)
+        if hit:
+            self.run_limited += self.run_hi < INF_BYTES
+            return result
         self.deadline.check("dp_nested's DP")
-        result = self._solve_frame(a, b, mode, eb, eth, tail_done, m)
+        before = self.run_limited
+        result = self._solve_frame(a, b, mode, eb, eth, tail_done, m, r)
         self.frames_solved += 1
-        if result is None:
-            self.infeasible[key] = max(m, self.infeasible.get(key, -1))
-        else:
-            # No plan of the frame is cheaper than its replay with every op plain: that
-            # result holds for every larger budget too.
-            last = c.lp[b]
-            floor = c.run_time_s(a, last + 1 if c.sout[last] else last)
-            hi = INF_BYTES if result.cost_s <= floor * (1 + 1e-12) else m
-            self.memo.setdefault(key, []).append((result.peak, hi, result))
+        # Where the run room turned nothing away (here or in the regions inside), the
+        # answer is the same with any larger room.
+        self.run_hi = r if self.run_limited > before else INF_BYTES
+        # No plan of the frame is cheaper than its replay with every op plain: that result
+        # holds for every larger budget and run room too.
+        last = c.lp[b]
+        floor = c.run_time_s(a, last + 1 if c.sout[last] else last)
+        least = result is not None and result.cost_s <= floor * (1 + 1e-12)
+        self.memo.store(key, m, self.run_hi, result, least=least)
         return result
 
     def _solve_frame(
-        self, a: int, b: int, mode: int, eb: int, eth: int, tail_done: bool, m: int
+        self, a: int, b: int, mode: int, eb: int, eth: int, tail_done: bool, m: int, r: int
     ) -> FrameResult | None:
         c = self.c
         last = c.lp[b]
@@ -190,7 +215,7 @@ class NestedDp:
             if tail_peak > m:
                 return None
         rec_const = c.rec_base[last] + ob + (eb if eb and last >= eth else 0)
-        f = _Frame(a, b, last, mode, ob, eb, eth, rec_const, m)
+        f = _Frame(a, b, last, mode, ob, eb, eth, rec_const, m, r)
         start: Entry = (0, 0.0, 0, 0.0, None, None)
         pending: dict[int, dict[tuple[bool, bool], list[Entry]]] = {a: {(False, False): [start]}}
         finals: list[Entry] = []
@@ -209,10 +234,16 @@ class NestedDp:
                         self._plain(f, p, ih, h1, entry, pending, finals)
                 if ends:
                     self._children(f, p, ih, h1, front, ends, pending, finals)
+        # The ops after the last piece run at this level when the region runs.
+        fits = [e for e in finals if tail_run_bytes(c.w, c.a, a, piece_end(e, last), b) <= r]
+        self.run_limited += len(fits) < len(finals)
+        finals = fits
         if not finals:
             return None
         best = min(finals, key=lambda e: (e[1], e[2], e[3]))
-        return FrameResult(best[3], max(best[2], tail_peak), pieces(best))
+        plan = pieces(best)
+        run = run_peak(c.w, c.a, a, b, plan, self.runs)
+        return FrameResult(best[3], max(best[2], tail_peak), plan, run)
 
     def _plain(
         self,
@@ -229,6 +260,9 @@ class NestedDp:
         a, last, mode = f.a, f.last, f.mode
         if p > last:
             raise SolverError(f"op {p} lies past the last packer of {a}..{f.b}; a bug.")
+        if run_op_bytes(c.w, c.a, a, p) > f.r:
+            self.run_limited += 1
+            return
         k_held = entry[0]
         runs = p < last or c.sout[p]
         inp = c.a[p - 1] if p > a else 0
@@ -306,20 +340,28 @@ class NestedDp:
             cost_run = 0.0 if star else c.run_time_s(p, q)
             bucket = finals if star else pending.setdefault(q, {}).setdefault(state, [])
             sub: FrameResult | None = None
-            sub_hi = -1
+            sub_hi = sub_run_hi = -1
+            # Its run: inside this frame's run (with its input, held by this frame's code,
+            # unless it starts with the frame), and inside this frame's replay unless it is
+            # the piece not run there.
+            run_outer = f.r - inp
+            run_here = 0 if star else f.rec_const + inp
             for entry in front:
                 k_held = entry[0]
                 budget_c = room - k_held
                 if not peak_mode and (lower > budget_c or run_base + k_held > m):
                     break  # the kept bytes only grow along the front
-                if sub is None or not sub.peak <= budget_c <= sub_hi:
-                    sub = self.frame(p, q, mode_c, ext[0], ext[1], star, budget_c)
+                run_c = run_outer if star else min(run_outer, m - run_here - k_held)
+                if sub is None or not (
+                    sub.peak <= budget_c <= sub_hi and sub.run_peak <= run_c <= sub_run_hi
+                ):
+                    sub = self.frame(p, q, mode_c, ext[0], ext[1], star, budget_c, run_c)
                     if sub is None:
                         break  # nothing fits this child with less room either
-                    sub_hi = budget_c
+                    sub_hi, sub_run_hi = budget_c, self.run_hi
                 need = sub.peak + k_held + const_q
-                if not star and run_base + k_held > need:
-                    need = run_base + k_held
+                if not star and run_here + sub.run_peak + k_held > need:
+                    need = run_here + sub.run_peak + k_held
                 bucket.append(
                     self._extend(entry, inp, need, cost_run + sub.cost_s, (p, q, sub.plan))
                 )
@@ -370,9 +412,11 @@ class NestedDp:
                         ):
                             break  # both only grow with q
                         mode = ALWAYS if ih else KEY
-                        sub = self.frame(p, q, mode, 0, 0, False, budget - k_held)
+                        room = budget - k_held
+                        sub = self.frame(p, q, mode, 0, 0, False, room, room - inp)
                         if sub is None:
                             continue
+                        run = k_held + inp + sub.run_peak
                         new = self._extend(
                             entry, inp, max(run, sub.peak + k_held), sub.cost_s, (p, q, sub.plan)
                         )

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from chkpt_opt.errors import SolverError
 from chkpt_opt.solvers.nested_chain import Plan
 
+INF_BYTES = 1 << 62
+"""No limit, in bytes."""
+
 
 @dataclass(frozen=True)
 class FrameResult:
@@ -19,11 +22,46 @@ class FrameResult:
         cost_s: recompute time of the frame's replay and of every region inside it.
         peak: largest bytes of its steps above what the outside holds through all of them.
         plan: its child regions, each ``(start, stop, grandchildren)``.
+        run_peak: largest bytes while the region runs as a checkpoint inside an enclosing
+            run (the forward pass, or an outer region's replay), above the caller's bytes
+            and the region's input (:func:`run_peak`).
     """
 
     cost_s: float
     peak: int
     plan: Plan
+    run_peak: int
+
+
+def run_op_bytes(w: tuple[int, ...], a: tuple[int, ...], start: int, i: int) -> int:
+    """Bytes of op ``i`` running in a run of a region that starts at ``start``: its
+    workspace, its output and its input (the region's input, at ``start``, is the
+    caller's)."""
+    return w[i] + a[i] + (a[i - 1] if i > start else 0)
+
+
+def run_peak(
+    w: tuple[int, ...], a: tuple[int, ...], start: int, stop: int, plan: Plan, memo: dict
+) -> int:
+    """The largest bytes of region ``[start, stop)`` with child regions ``plan`` running as
+    a checkpoint: every op runs, and each nested region's input is held by its caller's
+    code until the nested region returns (see :func:`chkpt_opt.op_sequence.lower`), on top
+    of what its ops need. ``memo`` caches it per region and plan."""
+    key = (start, stop, plan)
+    if key in memo:
+        return memo[key]
+    best = 0
+    i = start
+    for s, t, inner in plan:
+        for j in range(i, s):
+            best = max(best, run_op_bytes(w, a, start, j))
+        held = a[s - 1] if s > start else 0
+        best = max(best, held + run_peak(w, a, s, t, inner, memo))
+        i = t
+    for j in range(i, stop):
+        best = max(best, run_op_bytes(w, a, start, j))
+    memo[key] = best
+    return best
 
 
 # A DP entry: (kept bytes K, value, peak so far, cost so far, previous entry, piece or None);
@@ -66,3 +104,53 @@ def split_outer(
     if ext[0]:
         raise SolverError("two outer tensors alive on part of a region's steps; a bug.")
     return const, (nbytes, th)
+
+
+def tail_run_bytes(w: tuple[int, ...], a: tuple[int, ...], start: int, i: int, stop: int) -> int:
+    """The largest run bytes of the plain ops ``i..stop-1`` of a region at ``start``."""
+    return max((run_op_bytes(w, a, start, j) for j in range(i, stop)), default=0)
+
+
+def piece_end(entry: Entry, last: int) -> int:
+    """Where the pieces of a frame's final entry end: past its last piece's region, or past
+    the last packer when that is a plain op."""
+    piece = entry[5]
+    return piece[1] if piece is not None else last + 1
+
+
+class FrameMemo:
+    """The answers of frames already solved, per frame key: boxes of (budget, run room)
+    where a result is optimal, and points at and below which nothing fits.
+
+    A result solved with budget ``m`` and run room ``r`` that peaks at ``P`` and runs in
+    ``R`` is optimal for every budget in ``[P, m]`` and room in ``[R, r]``; the caller
+    widens either end to infinity where it knows more (a result at the frame's least
+    cost; a room that turned nothing away).
+    """
+
+    def __init__(self) -> None:
+        self.boxes: dict[tuple, list[tuple[int, int, int, int, FrameResult]]] = {}
+        self.infeasible: dict[tuple, list[tuple[int, int]]] = {}
+
+    def lookup(self, key: tuple, m: int, r: int) -> tuple[bool, FrameResult | None, int]:
+        """(whether it is known, the answer, the largest run room it holds for)."""
+        for mi, ri in self.infeasible.get(key, ()):
+            if m <= mi and r <= ri:
+                return True, None, ri
+        for lo, hi, run_lo, run_hi, result in self.boxes.get(key, ()):
+            if lo <= m <= hi and run_lo <= r <= run_hi:
+                return True, result, run_hi
+        return False, None, r
+
+    def store(
+        self, key: tuple, m: int, r_hi: int, result: FrameResult | None, *, least: bool
+    ) -> None:
+        """Records the answer for budget ``m``, valid up to run room ``r_hi``; ``least``: it
+        costs the frame's least possible, so it holds for any larger budget and room."""
+        if result is None:
+            self.infeasible.setdefault(key, []).append((m, r_hi))
+            return
+        top = INF_BYTES
+        self.boxes.setdefault(key, []).append(
+            (result.peak, top if least else m, result.run_peak, top if least else r_hi, result)
+        )
