@@ -177,7 +177,10 @@ class NestedDp:
             tail_done = False  # no tail: nothing to hoist
         if self.peak_mode:
             m = r = INF_BYTES  # no budget: the peak is what is minimized
-        if m < 0 or r < 0:
+        if m < 0:
+            return None
+        if r < 0:
+            self.run_limited += 1
             return None
         key = (a, b, mode, eb, eth, tail_done)
         hit, result, self.run_hi = self.memo.lookup(key, m, r)
