@@ -53,13 +53,12 @@ def run_peak(
     best = 0
     i = start
     for s, t, inner in plan:
-        for j in range(i, s):
-            best = max(best, run_op_bytes(w, a, start, j))
         held = a[s - 1] if s > start else 0
-        best = max(best, held + run_peak(w, a, s, t, inner, memo))
+        best = max(
+            best, tail_run_bytes(w, a, start, i, s), held + run_peak(w, a, s, t, inner, memo)
+        )
         i = t
-    for j in range(i, stop):
-        best = max(best, run_op_bytes(w, a, start, j))
+    best = max(best, tail_run_bytes(w, a, start, i, stop))
     memo[key] = best
     return best
 
@@ -150,7 +149,5 @@ class FrameMemo:
         if result is None:
             self.infeasible.setdefault(key, []).append((m, r_hi))
             return
-        top = INF_BYTES
-        self.boxes.setdefault(key, []).append(
-            (result.peak, top if least else m, result.run_peak, top if least else r_hi, result)
-        )
+        m_hi, r_hi = (INF_BYTES, INF_BYTES) if least else (m, r_hi)
+        self.boxes.setdefault(key, []).append((result.peak, m_hi, result.run_peak, r_hi, result))
