@@ -381,6 +381,14 @@ def test_overflowing_float_is_refused(tmp_path: Path) -> None:
     assert "'fwd_time_s' must be finite" in load_error(path)
 
 
+def test_an_int_beyond_floats_range_as_a_time_is_refused(tmp_path: Path) -> None:
+    # Found by the fuzz test: math.isfinite raised OverflowError on such an int.
+    text = json.dumps(valid_dict()).replace('"fwd_time_s": 0.001', '"fwd_time_s": ' + "1" * 400)
+    path = tmp_path / "bad.json"
+    path.write_text(text, encoding="utf-8")
+    assert "'fwd_time_s' must be finite" in load_error(path)
+
+
 def test_cycle_is_refused(tmp_path: Path) -> None:
     data = valid_dict()
     data["edges"].append(["c", "a"])

@@ -55,7 +55,7 @@ optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``
 
 from __future__ import annotations
 
-import math
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -329,7 +329,8 @@ def check_graph(graph: CostGraph) -> None:
                     f"node {short(node)} attribute {short(key)} must be a number, "
                     f"got {short(value)}."
                 )
-            if not math.isfinite(value) or value < 0:
+            # Compared, not converted: an int beyond float's range must fail here too.
+            if not 0 <= value <= sys.float_info.max:
                 raise _fail(f"node {short(node)} attribute {short(key)} must be finite and >= 0.")
         for key in _BOOL_ATTRS:
             if not isinstance(attrs[key], bool):
