@@ -26,7 +26,10 @@ Peak: one forward+backward above parameters and inputs, from the CPU allocator's
 Prediction error: the plan's predicted peak against the storage tracker's exact peak of
 the same step (the quantity the tracer models). Time: median of interleaved steps as a
 ratio to the original, and the noise margin (twice the median absolute deviation of the
-original's steps). Writes hf_models.csv and hf_models.md to the output directory.
+original's steps). Against its peer a plan is judged on the rounds themselves: the median
+of its per-round time over the peer's in the same round, with twice the median absolute
+deviation of those ratios as the margin. A plan found for two peers is one module, timed
+once. Writes hf_models.csv and hf_models.md to the output directory.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ FIELDS = [
     "peak_mib",
     "time_ratio",
     "noise",
+    "vs_peer",
+    "vs_peer_noise",
     "matches",
     "status",
     "gap",
@@ -123,6 +128,14 @@ def peers(
             log(f"  {name}: compiling with activation_memory_budget={budget}")
             out[f"torch.compile budget {budget}"] = compiled(model, budget, args)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanKey:
+    """What makes two matched plans the same module: the solve's result and the path."""
+
+    result: Any
+    for_compile: bool
 
 
 class CompileFailed(Exception):
@@ -234,14 +247,16 @@ def run(
     rows["keep-all rewrite"]["prediction_error"] = round(
         base.profile.peak_bytes / rewrite_tracked - 1, 4
     )
+    built_plans: list[tuple[str, PlanKey]] = []
     for label in list(peaks):
         if label in ("original", "keep-all rewrite"):
             continue
+        compiled_peer = label.startswith("torch.compile")
         found = match(
             base,
             args,
             peaks[label],
-            compiled_peer=label.startswith("torch.compile"),
+            compiled_peer=compiled_peer,
             time_limit_s=time_limit_s,
         )
         ours = f"chkpt_opt @ {label}"
@@ -278,28 +293,48 @@ def run(
             )
         rows[ours] = row
         modules[ours] = found.module
+        for other, built in built_plans:
+            if built.result.schedule == result.schedule and built.for_compile == compiled_peer:
+                modules[ours] = modules[other]  # the same plan: one module, timed once
+                break
+        else:
+            built_plans.append((ours, PlanKey(result, compiled_peer)))
         log(
             f"  {ours}: {found.peak_bytes / 2**20:.1f} MiB ({result.status.value}, "
             f"{found.plan_s:.1f} s)"
         )
-    log(f"{name}: timing {len(modules)} strategies x {repeats} rounds")
-    times = timings(modules, args, repeats)
+    distinct = {id(module): module for module in modules.values()}
+    log(f"{name}: timing {len(distinct)} modules x {repeats} rounds")
+    by_id = timings({str(key): module for key, module in distinct.items()}, args, repeats)
+    times = {label: by_id[str(id(module))] for label, module in modules.items()}
     base_time = statistics.median(times["original"])
     noise = 2 * statistics.median(abs(t - base_time) for t in times["original"]) / base_time
     for label, samples in times.items():
         rows[label]["time_ratio"] = round(statistics.median(samples) / base_time, 3)
     for row in rows.values():
         row["noise"] = round(noise, 3)
+        if row.get("matches") and row["strategy"] in times:
+            ratio, spread = paired_ratio(times[row["strategy"]], times[row["matches"]])
+            row["vs_peer"], row["vs_peer_noise"] = round(ratio, 3), round(spread, 3)
         if row.get("peak_bytes") is not None:
             row["peak_mib"] = round(row["peak_bytes"] / 2**20, 1)
     return list(rows.values())
+
+
+def paired_ratio(ours: list[float], peer: list[float]) -> tuple[float, float]:
+    """The median of the per-round time ratios ``ours / peer`` and twice their median
+    absolute deviation: the two were timed in the same rounds, so load that slows a
+    round slows both, and the ratio's own spread is the margin that matters."""
+    ratios = [a / b for a, b in zip(ours, peer, strict=True)]
+    middle = statistics.median(ratios)
+    return middle, 2 * statistics.median(abs(r - middle) for r in ratios)
 
 
 def verdict(row: dict[str, Any], peer: dict[str, Any]) -> str:
     if row.get("time_ratio") is None:
         return f"no ({row.get('status')})"
     fits = row["peak_bytes"] <= peer["peak_bytes"]
-    fast = row["time_ratio"] <= peer["time_ratio"] * (1 + row["noise"])
+    fast = row["vs_peer"] <= 1 + row["vs_peer_noise"]
     return "yes" if fits and fast else "no (" + ("peak" if not fits else "time") + ")"
 
 
@@ -310,8 +345,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ]
     table = [
         "| model | peer | peer MiB | peer time | chkpt_opt MiB | chkpt_opt time | status (gap) "
-        "| plan s | prediction | dominates |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| vs peer | plan s | prediction | dominates |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_key = {(r["model"], r["strategy"]): r for r in rows}
     for row in rows:
@@ -327,12 +362,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         peer = by_key[(row["model"], row["matches"])]
         gap = "" if row.get("gap") in (None, "") else f" ({row['gap']:.1%})"
         ours = f"{row['peak_mib']} | {row['time_ratio']:.2f}" if row.get("time_ratio") else " | "
+        versus = (
+            f"{row['vs_peer']:.2f} ± {row['vs_peer_noise']:.2f}" if row.get("time_ratio") else ""
+        )
         pred = (
             "" if row.get("prediction_error") in (None, "") else (f"{row['prediction_error']:+.2%}")
         )
         table.append(
             f"| {row['model']} | {peer['strategy']} | {peer['peak_mib']} | "
-            f"{peer['time_ratio']:.2f} | {ours} | {row.get('status', '')}{gap} | "
+            f"{peer['time_ratio']:.2f} | {ours} | {row.get('status', '')}{gap} | {versus} | "
             f"{row.get('plan_s', '')} | {pred} | {verdict(row, peer)} |"
         )
     noise = {r["model"]: r["noise"] for r in rows}
@@ -343,8 +381,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             "",
             *table,
             "",
-            "Noise margin (twice the median absolute deviation of the original's steps): "
-            f"{margins}.",
+            "Noise margin of the times against the original (twice the median absolute "
+            f'deviation of the original\'s steps): {margins}. "vs peer": the median of the '
+            "per-round time ratios of the plan over its peer, ± twice their median absolute "
+            "deviation; a plan is as fast as its peer when the median is at most 1 plus that "
+            "margin.",
         ]
     )
 
