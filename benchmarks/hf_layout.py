@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hf_models import allocator_peak, hf_checkpointed, paired_ratio
+from hf_models import allocator_peak, hf_checkpointed, paired_ratio, write_markdown
 from peers import timings
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
@@ -149,10 +149,7 @@ def main() -> None:
     for op in differences[:6]:
         (c1, t1), (c2, t2) = ops_hf.get(op, (0, 0.0)), ops_layout.get(op, (0, 0.0))
         lines.append(f"| `{op}` | {c1} / {c2} | {t1:.3f} | {t2:.3f} |")
-    text = "\n".join(lines) + "\n"
-    options.output.mkdir(parents=True, exist_ok=True)
-    (options.output / f"{options.model}.md").write_text(text)
-    print(text)
+    print(write_markdown(options.output, options.model, lines))
 
 
 if __name__ == "__main__":

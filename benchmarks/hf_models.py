@@ -56,6 +56,7 @@ from chkpt_opt import zoo
 from chkpt_opt.api import Plan
 from chkpt_opt.measure import measure_step, measure_step_allocator, run_step
 from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import SolveResult
 from chkpt_opt.zoo import huggingface as hf_zoo
 
 MODELS: dict[str, Callable[[], Any]] = {
@@ -216,6 +217,21 @@ def match(
     return "not reached"
 
 
+def relative_gap(result: SolveResult) -> float | str:
+    """The result's gap to its bound as a share of its objective; "" without a bound."""
+    if result.bound is None:
+        return ""
+    return (result.objective - result.bound) / result.objective if result.objective > 0 else 0.0
+
+
+def write_markdown(directory: Path, name: str, lines: list[str]) -> str:
+    """Writes ``lines`` to ``directory/name.md`` (made if missing); returns the text."""
+    text = "\n".join(lines) + "\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.md").write_text(text)
+    return text
+
+
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -271,11 +287,7 @@ def run(
             log(f"  {ours}: {found}")
             continue
         result = found.plan.result
-        gap = (
-            (result.objective - result.bound) / result.objective
-            if (result.bound is not None and result.objective > 0)
-            else (0.0 if result.bound is not None else "")
-        )
+        gap = relative_gap(result)
         row = {
             "model": name,
             "ops": ops,

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from hf_models import allocator_peak, hf_checkpointed
+from hf_models import allocator_peak, hf_checkpointed, relative_gap, write_markdown
 
 import chkpt_opt
 from chkpt_opt.zoo import huggingface as hf_zoo
@@ -60,19 +60,13 @@ def main() -> None:
         )
         wall_s = time.perf_counter() - start
         result = made.result
-        gap = (
-            f"{(result.objective - result.bound) / result.objective:.1%}"
-            if result.bound is not None and result.objective > 0
-            else ""
-        )
+        gap = relative_gap(result)
+        gap_text = gap if isinstance(gap, str) else f"{gap:.1%}"
         lines.append(
             f"| {profile_times} | {wall_s:.1f} | {options.time_limit:g} | "
-            f"{result.status.value} | {gap} | {made.profile.peak_bytes / 2**20:.1f} |"
+            f"{result.status.value} | {gap_text} | {made.profile.peak_bytes / 2**20:.1f} |"
         )
-    text = "\n".join(lines) + "\n"
-    options.output.mkdir(parents=True, exist_ok=True)
-    (options.output / f"{options.model}.md").write_text(text)
-    print(text)
+    print(write_markdown(options.output, options.model, lines))
 
 
 if __name__ == "__main__":
