@@ -55,6 +55,7 @@ import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import Plan
 from chkpt_opt.measure import measure_step, measure_step_allocator, run_step
+from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveResult
 from chkpt_opt.zoo import huggingface as hf_zoo
@@ -129,14 +130,6 @@ def peers(
             log(f"  {name}: compiling with activation_memory_budget={budget}")
             out[f"torch.compile budget {budget}"] = compiled(model, budget, args)
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanKey:
-    """What makes two matched plans the same module: the solve's result and the path."""
-
-    result: Any
-    for_compile: bool
 
 
 class CompileFailed(Exception):
@@ -263,7 +256,7 @@ def run(
     rows["keep-all rewrite"]["prediction_error"] = round(
         base.profile.peak_bytes / rewrite_tracked - 1, 4
     )
-    built_plans: list[tuple[str, PlanKey]] = []
+    first_with: dict[tuple[Schedule, bool], str] = {}  # (schedule, compiled) -> its first row
     for label in list(peaks):
         if label in ("original", "keep-all rewrite"):
             continue
@@ -304,13 +297,8 @@ def run(
                 found.plan.profile.peak_bytes / found.tracked_bytes - 1, 4
             )
         rows[ours] = row
-        modules[ours] = found.module
-        for other, built in built_plans:
-            if built.result.schedule == result.schedule and built.for_compile == compiled_peer:
-                modules[ours] = modules[other]  # the same plan: one module, timed once
-                break
-        else:
-            built_plans.append((ours, PlanKey(result, compiled_peer)))
+        first = first_with.setdefault((result.schedule, compiled_peer), ours)
+        modules[ours] = modules[first] if first != ours else found.module  # one module a plan
         log(
             f"  {ours}: {found.peak_bytes / 2**20:.1f} MiB ({result.status.value}, "
             f"{found.plan_s:.1f} s)"
