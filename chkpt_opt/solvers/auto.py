@@ -13,12 +13,12 @@ fallback), then the exact solver that fits the graph and the time limit:
   pruning (:mod:`chkpt_opt.solvers.pruned`); measured on the corpus graphs of 184-298 ops at
   budgets 0.9-0.3 of the keep-all peak: proven optimal within 60 s, where the flat solvers
   over a subset of cuts had no bound. From 64 cuts on it also beats flat CP-SAT over every
-  cut: at 8 s, on resnet_large and unet_large (71 and 68 cuts) at 0.9 and 0.7 of the keep-all
-  peak and gpt_small (93) at 0.9, it proved all five optima in 3-4 s, where flat CP-SAT
-  proved one and returned up to 86 times the optimum (resnet_large at 0.9: 576 ms against
-  6.7 ms); below
-  that flat CP-SAT is faster (encoder_small and vit_small, 47-51 cuts: 2 s against 3 s, both
-  proven). Out of time, it returns its incumbent;
+  cut (``python benchmarks/auto_choice.py --time-limit 8``): on unet_large, resnet_large
+  and gpt_small (68-93 cuts) at 0.9 and 0.7 of the keep-all peak it proved all six optima
+  in 3.0-4.0 s, where flat CP-SAT proved one and returned up to 86 times the optimum
+  (resnet_large at 0.9: 576 ms against 6.7 ms); below that flat CP-SAT is faster
+  (encoder_small and vit_small, 47-51 cuts: 1.4-2.7 s against 3.0-4.2 s, all proven).
+  Out of time, it returns its incumbent;
 * ``hierarchical`` on larger graphs made of repeated blocks (feasible, not proven optimal:
   it keeps regions inside blocks); ``cpsat`` if it refuses the graph;
 * ``cpsat`` otherwise (over a candidate subset of cuts on very large graphs, then never
