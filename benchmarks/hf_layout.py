@@ -24,13 +24,18 @@ output directory.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-from hf_models import allocator_peak, hf_checkpointed, paired_ratio, write_markdown
+from hf_models import (
+    allocator_peak,
+    hf_checkpointed,
+    paired_ratio,
+    with_result,
+    write_markdown,
+)
 from peers import timings
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
@@ -51,9 +56,7 @@ def planned(base: Plan, schedule: Schedule, budget_bytes: int, solver: str) -> P
     result = result_from_profile(
         schedule, profile_, budget_bytes=budget_bytes, solver=solver, solve_s=0.0
     )
-    return dataclasses.replace(
-        base, result=result, activation_budget_bytes=budget_bytes, profile=profile_
-    )
+    return with_result(base, result, budget_bytes, profile_)
 
 
 def op_profile(module: nn.Module, args: tuple[Any, ...]) -> dict[str, tuple[int, float]]:

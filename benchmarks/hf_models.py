@@ -56,7 +56,7 @@ from chkpt_opt import zoo
 from chkpt_opt.api import Plan
 from chkpt_opt.measure import measure_step, measure_step_allocator, run_step
 from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult
 from chkpt_opt.zoo import huggingface as hf_zoo
 
@@ -153,13 +153,19 @@ def plan_for(base: Plan, budget_bytes: int, time_limit_s: float) -> tuple[Plan, 
     result = chkpt_opt.get_solver("auto")(base.graph, budget_bytes, time_limit_s=time_limit_s)
     if not result.feasible:
         return None
-    made = dataclasses.replace(
-        base,
-        result=result,
-        activation_budget_bytes=budget_bytes,
-        profile=simulate(base.graph, result.schedule),
+    return with_result(base, result, budget_bytes), time.perf_counter() - start
+
+
+def with_result(
+    base: Plan, result: SolveResult, budget_bytes: int, profile: MemoryProfile | None = None
+) -> Plan:
+    """``base`` (a traced plan) planned with ``result`` for ``budget_bytes``; ``profile`` is
+    ``result``'s simulated schedule, simulated here when not given."""
+    if profile is None:
+        profile = simulate(base.graph, result.schedule)
+    return dataclasses.replace(
+        base, result=result, activation_budget_bytes=budget_bytes, profile=profile
     )
-    return made, time.perf_counter() - start
 
 
 def match(

@@ -112,7 +112,7 @@ def pick_exact(
     if small and pruned_min_positions is not None and n_cuts > pruned_min_positions:
         return ["pruned", "cpsat"]
     if flat_max_positions is not None and n_cuts > flat_max_positions:
-        if graph.number_of_nodes() <= pruned_max_ops:
+        if small:
             return ["pruned", "cpsat"]
         if find_blocks(graph):
             return ["hierarchical", "cpsat"]
