@@ -1,6 +1,7 @@
 """dp_nested: its memory model against the simulator, its optimum against brute force over
-schedules that cache nothing, against dp_chain's keep-set optimum and the nested heuristic
-on the deep chain, and its time limit."""
+schedules that cache nothing (on chains whose ops keep buffers of their own and are followed
+by views of their outputs too), against dp_chain's keep-set optimum and the nested heuristic
+on the deep chain, on the zoo's VGG, and its time limit."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.costgraph import CostGraph, new_graph, node_attrs, ordered_nodes
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
@@ -54,11 +55,53 @@ def random_chain(n: int, rng: random.Random) -> CostGraph:
     return graph
 
 
+def random_unit_chain(n: int, rng: random.Random) -> CostGraph:
+    """``random_chain`` where some ops also keep a buffer of their own (as max-pooling keeps
+    its indices) and some outputs are followed by a view (as ``flatten``), no region boundary
+    between an op and its view (dp_nested's space, so brute force searches the same one)."""
+    base = random_chain(n, rng)
+    graph = new_graph(f"units{n}")
+    previous = ""
+    for i, v in enumerate(ordered_nodes(base)):
+        attrs = dict(base.nodes[v])
+        if rng.random() < 0.4:
+            saved = {**attrs["saved"], f"{v}:buf0": rng.randint(1, 5) * 50}
+            attrs.update(saved=saved, saved_bytes=sum(saved.values()))
+            attrs["n_saved"] = max(attrs["n_saved"], len(saved))
+        view = i < n - 1 and rng.random() < 0.3
+        attrs["index"] = graph.number_of_nodes()
+        if view:
+            attrs["cut_after_ok"] = False
+        graph.add_node(v, **attrs)
+        if previous:
+            graph.add_edge(previous, v)
+        previous = v
+        if view:
+            name = f"{v}_view"
+            graph.add_node(
+                name,
+                **node_attrs(
+                    index=graph.number_of_nodes(),
+                    op="synthetic.view",
+                    aliases=list(attrs["outputs"]),
+                    grad_bytes=attrs["grad_bytes"],
+                    bwd_grad_alias=True,
+                    fwd_time_s=rng.uniform(1e-6, 1e-5),
+                    cut_after_ok=base.nodes[v]["cut_after_ok"],
+                ),
+            )
+            graph.add_edge(previous, name)
+            previous = name
+    graph.graph["outputs"] = [previous]
+    return graph
+
+
 def test_the_dp_counts_every_schedule_of_its_space_as_the_simulator_does() -> None:
     rng = random.Random(0)
     checked = multi_level = 0
-    for _ in range(300):
-        graph = random_chain(rng.randint(2, 14), rng)
+    for k in range(400):
+        make = random_unit_chain if k % 4 == 3 else random_chain
+        graph = make(rng.randint(2, 14), rng)
         schedule = random_general_schedule(graph, rng, depth=4, cache_share=0.0)
         try:
             peak, cost = predict(graph, schedule)
@@ -70,12 +113,13 @@ def test_the_dp_counts_every_schedule_of_its_space_as_the_simulator_does() -> No
         assert cost == pytest.approx(profile.recompute_s, rel=1e-12, abs=1e-15)
         checked += 1
         multi_level += bool(schedule.nested)
-    assert checked > 150 and multi_level > 50, (checked, multi_level)
+    assert checked > 200 and multi_level > 70, (checked, multi_level)
 
 
 def _brute_force_cases() -> list[tuple[str, CostGraph]]:
     rng = random.Random(7)
     cases = [(f"random{k}", random_chain(rng.randint(2, 5), rng)) for k in range(16)]
+    cases += [(f"units{k}", random_unit_chain(rng.randint(3, 6), rng)) for k in range(8)]
     cases.append(("chain4", chain_graph(4, activation_bytes=1000)))
     cases.append(
         (
@@ -85,6 +129,9 @@ def _brute_force_cases() -> list[tuple[str, CostGraph]]:
     )
     model, (x,), _ = zoo.relu_chain(width=8, depth=1, batch=4)
     cases.append(("relu_chain1", chkpt_opt.trace(model, (x,))))
+    # max-pooling (indices kept), flatten (a view) and a loss keeping its statistics
+    model, args, _ = zoo.vgg(widths=(4,), convs_per_stage=1, image=8, batch=2)
+    cases.append(("vgg_tiny", chkpt_opt.trace(model, args)))
     return cases
 
 

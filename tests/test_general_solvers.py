@@ -88,3 +88,46 @@ def test_deep_chain_plans_at_three_quarters_of_the_smallest_keep_set_budget() ->
     assert measured + resident <= budget
     assert abs(measured - plan.profile.peak_bytes) <= 0.03 * measured
     assert all(torch.equal(r, p.grad) for r, p in zip(reference, model.parameters()))
+
+
+def _measured_against_original(model, args, plan) -> tuple[int, bool]:
+    """The measured forward+backward peak of ``plan``'s module, and whether its gradients
+    equal the original's bitwise."""
+    torch.manual_seed(1)
+    for p in model.parameters():
+        p.grad = None
+    measure_step(model, args)
+    reference = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(1)
+    measured = measure_step(plan.apply(), args).peak_bytes
+    return measured, all(torch.equal(r, p.grad) for r, p in zip(reference, model.parameters()))
+
+
+@pytest.mark.parametrize("floor_fraction", [1.02, 0.9])
+def test_vgg_plans_nested_below_the_keep_set_optimum_and_runs_as_predicted(
+    floor_fraction: float,
+) -> None:
+    # Just above the smallest keep-set peak, nesting recomputes less than the keep-set
+    # optimum (both proven in their spaces); below it, only nesting fits.
+    model, args, _ = zoo.vgg(widths=(16, 32, 64, 128), convs_per_stage=3, image=64, batch=8)
+    graph = chkpt_opt.trace(model, args)
+    keep_floor = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
+    budget = int(keep_floor * floor_fraction)
+    keep = get_solver("auto", general=False)(graph, budget, time_limit_s=30)
+    static = chkpt_opt.plan(model, args, budget=10**12, optimizer=None).static
+    resident = static.param_bytes + static.buffer_bytes + static.input_bytes
+    plan = chkpt_opt.plan(model, args, budget=budget + resident, optimizer=None, time_limit_s=60)
+    assert_valid_result(graph, plan.result, budget)
+    assert plan.result.feasible and plan.schedule.nested
+    assert plan.result.stats["nested_optimum"]["status"] == "optimal"
+    if floor_fraction >= 1:
+        assert keep.status.value == "optimal"
+        assert plan.result.objective < 0.9 * keep.objective
+    else:
+        assert not keep.feasible and keep.proves_infeasible
+    measured, equal = _measured_against_original(model, args, plan)
+    assert measured <= budget
+    assert abs(measured - plan.profile.peak_bytes) <= 0.03 * measured
+    assert equal

@@ -13,11 +13,13 @@ stop, the tail of backward steps before a replay. The
 recurrence is :mod:`~chkpt_opt.solvers.nested_dp`; the chain's facts
 :mod:`~chkpt_opt.solvers.nested_chain`.
 
-**Claim.** On a *simple chain* (each op reads the previous op's output and owns one output;
-see :mod:`~chkpt_opt.solvers.nested_chain`), the result is ``optimal`` over nested schedules
-whose region boundaries are allowed cuts, that cache nothing (no selective-checkpoint
-policy), and whose regions each contain an op that saves something (a region without one is
-never recomputed and never helps); ``stats["optimal_over"]`` says so. This space contains
+**Claim.** On a *simple chain* (each op reads the previous op's output and owns one output,
+views of that output and buffers of its own aside, as in VGG-like conv nets; see
+:mod:`~chkpt_opt.solvers.nested_chain`), the result is ``optimal`` over nested schedules
+whose region boundaries are allowed cuts between an op's views and the next op, that cache
+nothing (no selective-checkpoint policy), and whose regions each contain an op that saves
+something (a region without one is never recomputed and never helps);
+``stats["optimal_over"]`` says so. This space contains
 every keep-set schedule worth having, so a full solve is never costlier than
 ``dp_chain``'s keep-set optimum. The status is ``optimal`` only when the full solve (all
 allowed cuts) finished and the peak and recompute time the DP predicts for the returned
@@ -70,12 +72,14 @@ from chkpt_opt.solvers.nested_chain import (
     simple_chain,
 )
 from chkpt_opt.solvers.nested_dp import INF_BYTES, NestedDp
+from chkpt_opt.solvers.nested_top import top_plan
 from chkpt_opt.solvers.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 
 SPACE = (
-    "nested schedules whose region boundaries are allowed cuts, that cache nothing, and "
-    "whose regions each hold an op that saves something"
+    "nested schedules whose region boundaries are allowed cuts (none between an op and a "
+    "view of its output), that cache nothing, and whose regions each hold an op that saves "
+    "something"
 )
 
 
@@ -88,7 +92,7 @@ def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
             region without an op that saves something.
     """
     chain = simple_chain(graph)
-    plan = schedule_plan(graph, schedule)
+    plan = schedule_plan(graph, chain, schedule)
     forced: dict[tuple[int, int] | None, set[tuple[int, int]]] = {None: set()}
 
     def walk(key: tuple[int, int] | None, children: Plan) -> None:
@@ -103,7 +107,7 @@ def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
             walk((start, stop), inner)
 
     walk(None, plan)
-    found = NestedDp(chain, forced=forced).top(INF_BYTES)
+    found = top_plan(NestedDp(chain, forced=forced), INF_BYTES)
     if found is None:
         raise SolverError("dp_nested could not evaluate the schedule; a bug.")
     cost, peak, _ = found
@@ -163,16 +167,16 @@ class DpNestedSolver:
         try:
             for cuts in stages:
                 dp = NestedDp(chain, deadline=deadline, cuts=cuts)
-                plan = dp.top(budget_bytes)
+                plan = top_plan(dp, budget_bytes)
                 frames += dp.frames_solved
                 if plan is not None:
                     found.append((*_judged(graph, chain, plan), len(cuts)))
             if not found:
                 for cuts in stages:
                     low = NestedDp(chain, deadline=deadline, cuts=cuts, minimize_peak=True)
-                    peak_plan = low.top(0)
+                    peak_plan = top_plan(low, 0)
                     dp = NestedDp(chain, deadline=deadline, cuts=cuts)
-                    plan = dp.top(peak_plan[1]) if peak_plan is not None else None
+                    plan = top_plan(dp, peak_plan[1]) if peak_plan is not None else None
                     frames += low.frames_solved + dp.frames_solved
                     if plan is None:
                         raise SolverError("dp_nested lost the plan at its lowest peak; a bug.")
@@ -182,7 +186,7 @@ class DpNestedSolver:
                     while True:
                         lowest.append((*_judged(graph, chain, plan), len(cuts), False))
                         dp = NestedDp(chain, deadline=deadline, cuts=cuts)
-                        lower = dp.top(plan[1] - 1)
+                        lower = top_plan(dp, plan[1] - 1)
                         frames += dp.frames_solved
                         if lower is None:
                             lowest[-1] = (*lowest[-1][:3], True)
@@ -237,7 +241,7 @@ def _judged(
         SolverError: if the simulator and the DP disagree (a bug in dp_nested).
     """
     cost, peak, plan = found
-    schedule = plan_schedule(graph, plan)
+    schedule = plan_schedule(graph, chain, plan)
     check_schedule(graph, schedule)
     profile = simulate(graph, schedule, check=False)
     check_prediction(

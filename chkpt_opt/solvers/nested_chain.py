@@ -2,21 +2,31 @@
 read off the graph, the schedule-independent bytes of every step of the op sequence, and
 the conversion between plans (region trees) and :class:`~chkpt_opt.schedule.Schedule`.
 
-A *simple chain* is a graph whose op ``i > 0`` reads exactly the output of op ``i - 1`` (once)
-and nothing else, whose ops each own exactly one storage (their output: no views, aliases,
-in-place writes or extra buffers), save at most their input and their own output, all run a
-backward that produces input gradients (no gradient aliasing), and whose one step output is
-the last op. Synthetic chains and the deep linear+ReLU chain of the zoo are simple chains.
-On such a chain, the op sequence of :func:`chkpt_opt.op_sequence.lower` has, at every step,
-schedule-independent bytes (this module) plus the activations the schedule holds (the DP):
+A *simple chain* is a chain of *units*, each an op that owns one output storage, followed
+by the view ops that alias that output (``flatten`` before a classifier head). The first op
+of unit ``i > 0`` reads exactly the last op of unit ``i - 1`` (once) and nothing else; the
+owning op saves at most its input, its own output and buffers of its own that no other op
+reads (max-pooling's indices, a loss's statistics); the views save nothing, pass their
+gradient on as a view and have no workspace; every op runs a backward that produces input
+gradients, and the one step output is the last op (which owns it). Regions begin and end
+at unit boundaries. Synthetic chains, the deep linear+ReLU chain and the VGG-like conv nets
+of the zoo are simple chains. On such a chain, the op sequence of
+:func:`chkpt_opt.op_sequence.lower` has, at every step, schedule-independent bytes (this
+module) plus the activations the schedule holds (the DP):
 
-* forward step of op ``i``: its forward workspace;
+* forward step of unit ``i``: its forward workspace and the buffers it allocates (``w``);
 * ``bwd_start``: the step output and its gradient (``CB``), alive to the end of the step;
-* backward step of op ``j``: ``CB``, the parameter gradients of ops ``>= j``, the gradients
-  of op ``j``'s output (unless it is the step output) and input, its backward workspace;
-* recompute step of op ``i`` in a replay triggered before the backward of op ``L``: ``CB``,
-  the parameter gradients of ops ``> L``, the gradient of op ``L``'s output, op ``i``'s
-  forward workspace.
+* backward step of unit ``j``: ``CB``, the parameter gradients of units ``>= j``, the
+  gradients of unit ``j``'s output (unless it is the step output) and input, its backward
+  workspace, its own saved buffers;
+* recompute step of unit ``i`` in a replay triggered before the backward of unit ``L``:
+  ``CB``, the parameter gradients of units ``> L``, the gradient of unit ``L``'s output,
+  unit ``i``'s forward workspace and buffers.
+
+A unit's views allocate nothing and their steps come right after its owner's forward step
+and right before its owner's backward step, with no fewer bytes alive at those, so they
+never raise the peak: the unit is counted as one op. A replay whose last op saving anything
+is a unit's owner stops there, before the views (``t_own``).
 """
 
 from __future__ import annotations
@@ -24,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph, edge_uses, ordered_nodes
-from chkpt_opt.schedule import Schedule, cut_positions, region_tree
+from chkpt_opt.graphs.costgraph import CostGraph, edge_uses, ordered_nodes, storage_owners
+from chkpt_opt.schedule import Schedule, cut_positions, nesting_allowed, region_tree
 
 Plan = tuple[tuple[int, int, tuple], ...]
 """A region tree: ``(start, stop, children)`` for each region at one level, by position."""
@@ -33,31 +43,43 @@ Plan = tuple[tuple[int, int, tuple], ...]
 
 @dataclass(frozen=True)
 class NestedChain:
-    """Per-op facts of a simple chain (module docstring); ``a[i]`` is op ``i``'s output bytes.
+    """Per-unit facts of a simple chain (module docstring); ``a[i]`` is unit ``i``'s output
+    bytes. Positions (``ok``, ``fp``, ``lp``, plans) count units.
 
     Attributes:
-        n: number of ops.
-        a, t: output bytes and forward time of every op.
-        w: forward workspace bytes.
-        packer: whether the op saves anything for its backward (``n_saved > 0``).
-        sin, sout: whether it saves its input (op ``i - 1``'s output) / its own output.
+        n: number of units.
+        a, t: output bytes and forward time of every unit (its owner and views).
+        t_own: forward time of its owner alone (a replay stopping at the unit runs it).
+        w: bytes a forward step of the unit allocates beyond its output: the owner's
+            forward workspace and its own saved buffers.
+        e: the owner's own saved buffers, kept from its forward (or replay) to its
+            backward.
+        packer: whether the owner saves anything for its backward (``n_saved > 0``).
+        sin, sout: whether it saves its input (unit ``i - 1``'s output) / its own output.
+        sown: whether it saves a storage of its own (output or buffer): a replay that
+            stops at it runs it.
         ok: ``ok[p]``: a region may begin or end at position ``p``.
         fp: ``fp[p]``: the first packer at or after ``p`` (``n`` if none).
         lp: ``lp[q]``: the last packer before ``q`` (``-1`` if none).
-        bwd_base: schedule-independent bytes of the backward step of every op.
-        rec_base: the same of a recompute step triggered before op ``L``'s backward,
-            without the recomputed op's workspace.
+        bwd_base: schedule-independent bytes of the backward step of every unit.
+        rec_base: the same of a recompute step triggered before unit ``L``'s backward,
+            without the recomputed unit's ``w``.
         cb: the step output and its gradient (alive from ``bwd_start`` to the end).
-        t_prefix: ``t_prefix[i]``: forward time of ops ``0..i-1``.
+        t_prefix: ``t_prefix[i]``: forward time of units ``0..i-1``.
+        starts: ``starts[i]``: the position of unit ``i``'s owner in the graph's execution
+            order (``starts[n]``: the number of ops).
     """
 
     n: int
     a: tuple[int, ...]
     t: tuple[float, ...]
+    t_own: tuple[float, ...]
     w: tuple[int, ...]
+    e: tuple[int, ...]
     packer: tuple[bool, ...]
     sin: tuple[bool, ...]
     sout: tuple[bool, ...]
+    sown: tuple[bool, ...]
     ok: tuple[bool, ...]
     fp: tuple[int, ...]
     lp: tuple[int, ...]
@@ -65,14 +87,44 @@ class NestedChain:
     rec_base: tuple[int, ...]
     cb: int
     t_prefix: tuple[float, ...]
+    starts: tuple[int, ...]
 
     def inp(self, p: int) -> int:
-        """Bytes of op ``p``'s input (0 for the first op: the graph input is resident)."""
+        """Bytes of unit ``p``'s input (0 for the first: the graph input is resident)."""
         return self.a[p - 1] if p > 0 else 0
 
     def run_time_s(self, p: int, q: int) -> float:
-        """Forward time of ops ``p..q-1``."""
+        """Forward time of units ``p..q-1``."""
         return self.t_prefix[q] - self.t_prefix[p]
+
+    def replay_time_s(self, p: int, last: int) -> float:
+        """Forward time of a replay from unit ``p`` that stops at its last packer ``last``
+        (module docstring: it runs that unit's owner only if it saves a storage of its own)."""
+        return self.run_time_s(p, last) + (self.t_own[last] if self.sown[last] else 0.0)
+
+
+def _folds_as_view(graph: CostGraph, order: list[str], i: int, unit_sid: str | None) -> bool:
+    """Whether op ``i`` is a view of the output ``unit_sid`` of the unit before it that the
+    chain counts inside that unit (module docstring)."""
+    attrs = graph.nodes[order[i]]
+    return (
+        i > 0
+        and unit_sid is not None
+        and not attrs["outputs"]
+        and list(attrs["aliases"]) == [unit_sid]
+        and not attrs["is_inplace"]
+        and list(graph.predecessors(order[i])) == [order[i - 1]]
+        and edge_uses(graph, order[i - 1], order[i]) == 1
+        and attrs["n_saved"] == 0
+        and not attrs["saved"]
+        and attrs["requires_grad"]
+        and attrs["has_backward"]
+        and attrs["bwd_grad_alias"]
+        and attrs["fwd_workspace_bytes"] == 0
+        and attrs["bwd_workspace_bytes"] == 0
+        and attrs["param_grad_bytes"] == 0
+        and attrs["grad_bytes"] == graph.nodes[order[i - 1]]["grad_bytes"]
+    )
 
 
 def simple_chain(graph: CostGraph) -> NestedChain:
@@ -83,55 +135,73 @@ def simple_chain(graph: CostGraph) -> NestedChain:
     """
     nodes = graph.nodes
     order = ordered_nodes(graph)
-    n = len(order)
     name = graph.graph.get("name", "")
-    if n == 0:
+    if not order:
         raise SolverError(f"graph {name!r} has no ops; dp_nested needs a chain of ops.")
 
     def refuse(v: str, why: str) -> SolverError:
         return SolverError(
             f"graph {name!r} is not a simple chain at op {v!r}: {why}. dp_nested plans only "
-            "simple chains (each op reads the previous one's output and owns one output); "
-            "use solver 'nested' or 'auto' with general=True."
+            "simple chains (each op reads the previous one's output and owns one output, "
+            "views of it aside); use solver 'nested' or 'auto' with general=True."
         )
 
     if list(graph.graph["outputs"]) != [order[-1]]:
         raise refuse(order[-1], "the step outputs are not exactly the last op")
+    if not nesting_allowed(graph):
+        raise refuse(order[0], "an op writes module state or an input in place")
+    owners = storage_owners(graph)
+    units: list[list[int]] = []  # op positions of each unit: its owner, then its views
+    unit_sids: list[str] = []
     a: list[int] = []
+    e: list[int] = []
     sin: list[bool] = []
     sout: list[bool] = []
     for i, v in enumerate(order):
+        if units and _folds_as_view(graph, order, i, unit_sids[-1]):
+            units[-1].append(i)
+            continue
         attrs = nodes[v]
         outs = dict(attrs["outputs"])
         if len(outs) != 1 or attrs["aliases"] or attrs["is_inplace"]:
             raise refuse(v, "it does not own exactly one output storage")
         ((sid, nbytes),) = outs.items()
         preds = list(graph.predecessors(v))
-        if preds != ([order[i - 1]] if i else []):
+        before = order[units[-1][-1]] if units else None
+        if preds != ([before] if before else []):
             raise refuse(v, "it does not read exactly the previous op")
-        if i and edge_uses(graph, order[i - 1], v) != 1:
+        if before and edge_uses(graph, before, v) != 1:
             raise refuse(v, "it reads its input more than once")
         if not (attrs["requires_grad"] and attrs["has_backward"]) or attrs["bwd_grad_alias"]:
             raise refuse(v, "its backward is skipped or passes its gradient on as a view")
         saved = set(attrs["saved"])
-        prev_sid = next(iter(nodes[order[i - 1]]["outputs"]), None) if i else None
-        if saved - {sid, prev_sid}:
-            raise refuse(v, "it saves a tensor other than its input and its output")
+        prev_sid = unit_sids[-1] if units else None
+        buffers = {s for s in saved - {sid, prev_sid} if owners.get(s) == v}
+        if saved - {sid, prev_sid} - buffers:
+            raise refuse(v, "it saves a tensor other than its input, its output and buffers")
         if attrs["n_saved"] == 0 and saved:
             raise refuse(v, "it keeps tensors with n_saved == 0")
+        units.append([i])
+        unit_sids.append(sid)
         a.append(int(nbytes))
+        e.append(sum(int(attrs["saved"][s]) for s in buffers))
         sin.append(prev_sid in saved)
         sout.append(sid in saved)
-    grad = [int(nodes[v]["grad_bytes"]) for v in order]
-    pg = [int(nodes[v]["param_grad_bytes"]) for v in order]
-    bw = [int(nodes[v]["bwd_workspace_bytes"]) for v in order]
-    packer = tuple(nodes[v]["n_saved"] > 0 for v in order)
+    if len(units[-1]) > 1:
+        raise refuse(order[-1], "the step output is a view")
+    owner = [order[u[0]] for u in units]
+    last_op = [order[u[-1]] for u in units]
+    n = len(units)
+    grad = [int(nodes[v]["grad_bytes"]) for v in last_op]
+    pg = [int(nodes[v]["param_grad_bytes"]) for v in owner]
+    bw = [int(nodes[v]["bwd_workspace_bytes"]) for v in owner]
+    packer = tuple(nodes[v]["n_saved"] > 0 for v in owner)
     cb = a[-1] + grad[-1]
-    after = [0] * (n + 1)  # after[j]: parameter gradients of ops >= j
+    after = [0] * (n + 1)  # after[j]: parameter gradients of units >= j
     for j in range(n - 1, -1, -1):
         after[j] = after[j + 1] + pg[j]
     bwd_base = tuple(
-        cb + after[j] + (grad[j] if j < n - 1 else 0) + (grad[j - 1] if j > 0 else 0) + bw[j]
+        cb + after[j] + (grad[j] if j < n - 1 else 0) + (grad[j - 1] if j > 0 else 0) + bw[j] + e[j]
         for j in range(n)
     )
     rec_base = tuple(cb + after[j + 1] + (grad[j] if j < n - 1 else 0) for j in range(n))
@@ -141,60 +211,78 @@ def simple_chain(graph: CostGraph) -> NestedChain:
     lp = [-1] * (n + 1)
     for q in range(1, n + 1):
         lp[q] = q - 1 if packer[q - 1] else lp[q - 1]
-    times = tuple(float(nodes[v]["fwd_time_s"]) for v in order)
+    times = tuple(sum(float(nodes[order[k]]["fwd_time_s"]) for k in u) for u in units)
     prefix = [0.0]
     for x in times:
         prefix.append(prefix[-1] + x)
+    op_ok = cut_positions(graph)
+    starts = (*(u[0] for u in units), len(order))
     return NestedChain(
         n=n,
         a=tuple(a),
         t=times,
-        w=tuple(int(nodes[v]["fwd_workspace_bytes"]) for v in order),
+        t_own=tuple(float(nodes[v]["fwd_time_s"]) for v in owner),
+        w=tuple(int(nodes[v]["fwd_workspace_bytes"]) + e[k] for k, v in enumerate(owner)),
+        e=tuple(e),
         packer=packer,
         sin=tuple(sin),
         sout=tuple(sout),
-        ok=tuple(cut_positions(graph)),
+        sown=tuple(o or b > 0 for o, b in zip(sout, e)),
+        ok=tuple(op_ok[s] for s in starts),
         fp=tuple(fp),
         lp=tuple(lp),
         bwd_base=bwd_base,
         rec_base=rec_base,
         cb=cb,
         t_prefix=tuple(prefix),
+        starts=starts,
     )
 
 
-def plan_schedule(graph: CostGraph, plan: Plan) -> Schedule:
-    """The schedule of a region tree."""
+def plan_schedule(graph: CostGraph, chain: NestedChain, plan: Plan) -> Schedule:
+    """The schedule of a region tree (positions count ``chain``'s units)."""
     order = ordered_nodes(graph)
+    at = chain.starts
     nested: list[tuple[int, int]] = []
 
     def walk(children: Plan) -> None:
         for start, stop, inner in children:
-            nested.append((start, stop))
+            nested.append((at[start], at[stop]))
             walk(inner)
 
     for _, _, inner in plan:
         walk(inner)
     return Schedule(
-        regions=tuple(tuple(order[s:e]) for s, e, _ in plan),
+        regions=tuple(tuple(order[at[s] : at[e]]) for s, e, _ in plan),
         nested=tuple(
             tuple(order[s:e]) for s, e in sorted(set(nested), key=lambda x: (x[0], -x[1]))
         ),
     )
 
 
-def schedule_plan(graph: CostGraph, schedule: Schedule) -> Plan:
-    """The region tree of a schedule (cached ops are not part of a plan).
+def schedule_plan(graph: CostGraph, chain: NestedChain, schedule: Schedule) -> Plan:
+    """The region tree of a schedule, in ``chain``'s units (cached ops are not part of a
+    plan).
 
     Raises:
-        SolverError: if the schedule caches ops.
+        SolverError: if the schedule caches ops, or a region begins or ends inside a unit
+            (between an op and a view of its output).
     """
     if schedule.saved:
         raise SolverError("a dp_nested plan caches nothing; the schedule caches ops.")
     tree = region_tree(graph, schedule)
+    unit_at = {s: k for k, s in enumerate(chain.starts)}
+
+    def unit(position: int) -> int:
+        if position not in unit_at:
+            raise SolverError(
+                f"a region boundary at op position {position} splits an op from a view of "
+                "its output: outside dp_nested's space."
+            )
+        return unit_at[position]
 
     def build(k: int) -> tuple[int, int, tuple]:
         span = tree[k]
-        return (span.start, span.stop, tuple(build(c) for c in span.children))
+        return (unit(span.start), unit(span.stop), tuple(build(c) for c in span.children))
 
     return tuple(build(k) for k, span in enumerate(tree) if span.parent < 0)

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from chkpt_opt.errors import SolverError
 from chkpt_opt.solvers.chain_replay import Rmq
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.nested_chain import NestedChain, Plan
+from chkpt_opt.solvers.nested_chain import NestedChain
 from chkpt_opt.solvers.nested_front import (
     INF_BYTES,
     Entry,
@@ -135,7 +135,7 @@ class NestedDp:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _children_at(self, a: int, b: int, p: int) -> list[int]:
+    def children_at(self, a: int, b: int, p: int) -> list[int]:
         """Ends of the child regions of frame ``[a, b)`` (``a < 0``: the top frame) that
         may start at ``p``, ascending."""
         if self.forced is None:
@@ -143,13 +143,13 @@ class NestedDp:
         spans = self.forced.get((a, b) if a >= 0 else None, set())
         return [q for s, q in sorted(spans) if s == p]
 
-    def _plain_allowed(self, a: int, b: int, p: int) -> bool:
+    def plain_allowed(self, a: int, b: int, p: int) -> bool:
         if self.forced is None:
             return True
         spans = self.forced.get((a, b) if a >= 0 else None, set())
         return not any(s == p for s, _ in spans)
 
-    def _extend(
+    def extend(
         self, entry: Entry, kept: int, need: int, cost_s: float, piece: tuple | None
     ) -> Entry:
         """``entry`` followed by a piece that keeps ``kept`` bytes more for what follows,
@@ -197,7 +197,7 @@ class NestedDp:
         # No plan of the frame is cheaper than its replay with every op plain: that result
         # holds for every larger budget and run room too.
         last = c.lp[b]
-        floor = c.run_time_s(a, last + 1 if c.sout[last] else last)
+        floor = c.replay_time_s(a, last)
         least = result is not None and result.cost_s <= floor * (1 + 1e-12)
         self.memo.store(key, m, self.run_hi, result, least=least)
         return result
@@ -226,8 +226,8 @@ class NestedDp:
             states = pending.pop(p, None)
             if not states:
                 continue
-            plain = self._plain_allowed(a, b, p)
-            ends = self._children_at(a, b, p)
+            plain = self.plain_allowed(a, b, p)
+            ends = self.children_at(a, b, p)
             for (ih, h1), cands in sorted(states.items()):
                 if not cands:  # a bucket a child opened and nothing fitted
                     continue
@@ -267,7 +267,7 @@ class NestedDp:
             self.run_limited += 1
             return
         k_held = entry[0]
-        runs = p < last or c.sout[p]
+        runs = p < last or c.sown[p]
         inp = c.a[p - 1] if p > a else 0
         o_alive = mode == ALWAYS or (p > a and (h1 or (mode == KEY and p >= c.fp[a])))
         held_in = p > a and (ih or c.sin[p])
@@ -283,7 +283,9 @@ class NestedDp:
             need = max(need, f.rec_const + c.w[p] + k_held + inp + c.a[p])
         if need > f.m:
             return
-        new = self._extend(entry, inp if held_in else 0, need, c.t[p] if runs else 0.0, None)
+        cost = (c.t[p] if p < last else c.t_own[p]) if runs else 0.0
+        # What it holds for the pieces after it: its input where held, its own buffers.
+        new = self.extend(entry, (inp if held_in else 0) + c.e[p], need, cost, None)
         if p == last:
             finals.append(new)
         else:
@@ -366,72 +368,5 @@ class NestedDp:
                 if not star and run_here + sub.run_peak + k_held > need:
                     need = run_here + sub.run_peak + k_held
                 bucket.append(
-                    self._extend(entry, inp, need, cost_run + sub.cost_s, (p, q, sub.plan))
+                    self.extend(entry, inp, need, cost_run + sub.cost_s, (p, q, sub.plan))
                 )
-
-    # -- the top frame --------------------------------------------------------------------
-
-    def top(self, budget_bytes: int) -> tuple[float, int, Plan] | None:
-        """The best plan of the whole chain within ``budget_bytes`` (ignored when minimizing
-        the peak): (recompute time, predicted peak, outermost regions), or None."""
-        c = self.c
-        n = c.n
-        budget = INF_BYTES if self.peak_mode else budget_bytes
-        start: Entry = (0, 0.0, 0, 0.0, None, None)
-        pending: dict[int, dict[bool, list[Entry]]] = {0: {False: [start]}}
-        for p in range(n):
-            self.deadline.check("dp_nested's DP")
-            states = pending.pop(p, None)
-            if not states:
-                continue
-            plain = self._plain_allowed(-1, n, p)
-            ends = self._children_at(-1, n, p)
-            inp = c.inp(p)
-            for ih, cands in sorted(states.items()):
-                for entry in prune(cands):
-                    k_held = entry[0]
-                    if plain:
-                        held_in = p > 0 and (ih or c.sin[p])
-                        need = max(
-                            c.w[p] + k_held + inp + c.a[p],
-                            c.bwd_base[p]
-                            + k_held
-                            + (inp if held_in else 0)
-                            + (c.a[p] if c.sout[p] and p < n - 1 else 0),
-                        )
-                        if need <= budget:
-                            new = self._extend(entry, inp if held_in else 0, need, 0.0, None)
-                            state = bool(c.sout[p]) and p < n - 1
-                            pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
-                    run_body = c.w[p] + c.a[p]
-                    i = p + 1
-                    for q in ends:
-                        while i < q:
-                            run_body = max(run_body, self.body[i])
-                            i += 1
-                        run = k_held + inp + run_body
-                        if run > budget or (
-                            not self.peak_mode and self.bwd(p, c.lp[q]) > budget - k_held
-                        ):
-                            break  # both only grow with q
-                        mode = ALWAYS if ih else KEY
-                        room = budget - k_held
-                        sub = self.frame(p, q, mode, 0, 0, False, room, room - inp)
-                        if sub is None:
-                            continue
-                        run = k_held + inp + sub.run_peak
-                        new = self._extend(
-                            entry, inp, max(run, sub.peak + k_held), sub.cost_s, (p, q, sub.plan)
-                        )
-                        pending.setdefault(q, {}).setdefault(False, []).append(new)
-        finals = []
-        for cands in pending.get(n, {}).values():
-            for e in cands:
-                # bwd_start: what the forward pass keeps, the step output and its gradient.
-                closing = self._extend(e, 0, c.cb + e[0], 0.0, None)
-                if closing[2] <= budget:
-                    finals.append(closing)
-        if not finals:
-            return None
-        best = min(finals, key=lambda e: (e[1], e[2], e[3]))
-        return best[3], best[2], pieces(best)

@@ -1,0 +1,76 @@
+"""The top frame of :mod:`chkpt_opt.solvers.nested_dp`'s DP: the forward pass, a partition
+of the whole chain into plain ops and outermost regions (each solved as a region's frame by
+:meth:`~chkpt_opt.solvers.nested_dp.NestedDp.frame`), closed by ``bwd_start``. Its pieces keep
+what their backward needs through everything after them, as in a region's frame, but nothing
+outside holds bytes and nothing of it is recomputed."""
+
+from __future__ import annotations
+
+from chkpt_opt.solvers.nested_chain import Plan
+from chkpt_opt.solvers.nested_dp import ALWAYS, KEY, NestedDp
+from chkpt_opt.solvers.nested_front import INF_BYTES, Entry, pieces, prune
+
+
+def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
+    """The best plan of the whole chain within ``budget_bytes`` (ignored when minimizing
+    the peak): (recompute time, predicted peak, outermost regions), or None."""
+    c = dp.c
+    n = c.n
+    budget = INF_BYTES if dp.peak_mode else budget_bytes
+    start: Entry = (0, 0.0, 0, 0.0, None, None)
+    pending: dict[int, dict[bool, list[Entry]]] = {0: {False: [start]}}
+    for p in range(n):
+        dp.deadline.check("dp_nested's DP")
+        states = pending.pop(p, None)
+        if not states:
+            continue
+        plain = dp.plain_allowed(-1, n, p)
+        ends = dp.children_at(-1, n, p)
+        inp = c.inp(p)
+        for ih, cands in sorted(states.items()):
+            for entry in prune(cands):
+                k_held = entry[0]
+                if plain:
+                    held_in = p > 0 and (ih or c.sin[p])
+                    need = max(
+                        c.w[p] + k_held + inp + c.a[p],
+                        c.bwd_base[p]
+                        + k_held
+                        + (inp if held_in else 0)
+                        + (c.a[p] if c.sout[p] and p < n - 1 else 0),
+                    )
+                    if need <= budget:
+                        kept = (inp if held_in else 0) + c.e[p]
+                        new = dp.extend(entry, kept, need, 0.0, None)
+                        state = bool(c.sout[p]) and p < n - 1
+                        pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
+                run_body = c.w[p] + c.a[p]
+                i = p + 1
+                for q in ends:
+                    while i < q:
+                        run_body = max(run_body, dp.body[i])
+                        i += 1
+                    run = k_held + inp + run_body
+                    if run > budget or (not dp.peak_mode and dp.bwd(p, c.lp[q]) > budget - k_held):
+                        break  # both only grow with q
+                    mode = ALWAYS if ih else KEY
+                    room = budget - k_held
+                    sub = dp.frame(p, q, mode, 0, 0, False, room, room - inp)
+                    if sub is None:
+                        continue
+                    run = k_held + inp + sub.run_peak
+                    new = dp.extend(
+                        entry, inp, max(run, sub.peak + k_held), sub.cost_s, (p, q, sub.plan)
+                    )
+                    pending.setdefault(q, {}).setdefault(False, []).append(new)
+    finals = []
+    for cands in pending.get(n, {}).values():
+        for e in cands:
+            # bwd_start: what the forward pass keeps, the step output and its gradient.
+            closing = dp.extend(e, 0, c.cb + e[0], 0.0, None)
+            if closing[2] <= budget:
+                finals.append(closing)
+    if not finals:
+        return None
+    best = min(finals, key=lambda e: (e[1], e[2], e[3]))
+    return best[3], best[2], pieces(best)
