@@ -9,8 +9,10 @@ Three parts, one results directory (``benchmarks/results/general_space``):
   with its proven lower bound;
 * a deep chain (32 x Linear(256, 256) + ReLU, batch 4096): the smallest whole-step budget
   of each space, and a plan at 0.75x the keep-set one, measured;
-* conv nets from the zoo (VGG, ResNet): keep-set against general at several budgets, the
-  general plans measured (peak against prediction, gradients against the original).
+* conv nets from the zoo (VGG at 32² and 64² images, ResNet): keep-set against general at
+  budgets that are fractions of the keep-all peak and of the smallest keep-set peak (just
+  above it, and below it), the general plans measured (peak against prediction, gradients
+  against the original), ``dp_nested`` and the nested heuristic beside them.
 
 With ``--dp-nested``, the exact nested DP (``dp_nested``: simple chains only, refused
 elsewhere) and the nested heuristic side by side: on the corpus graphs it accepts (columns
@@ -20,6 +22,8 @@ smallest peak (``deep_chain.dp_nested``).
 Usage::
 
     python benchmarks/general_space.py --time-limit 10
+    python benchmarks/general_space.py --time-limit 30 --parts conv_nets  # one part; the
+        # others stay in results.json as they were
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from chkpt_opt.simulate import simulate  # noqa: E402
 from chkpt_opt.solvers import SolveResult, get_solver  # noqa: E402
 
 BUDGETS = (0.9, 0.7, 0.5, 0.3)
+PARTS = ("deep_chain", "conv_nets", "corpus")
 
 
 def _row(result: SolveResult) -> dict:
@@ -175,41 +180,58 @@ def deep_chain(time_limit_s: float, dp_nested: bool = False) -> dict:
     return out
 
 
+CONV_NETS = {
+    "vgg": lambda: zoo.vgg(widths=(16, 32, 64, 128), convs_per_stage=3, image=32, batch=8),
+    "vgg64": lambda: zoo.vgg(widths=(16, 32, 64, 128), convs_per_stage=3, image=64, batch=8),
+    "resnet": lambda: zoo.resnet(widths=(16, 32), blocks_per_stage=2, image=32, batch=8),
+}
+KEEP_ALL_FRACTIONS = (0.8, 0.6, 0.5, 0.45)
+"""Conv-net budgets as fractions of the keep-all peak."""
+FLOOR_FRACTIONS = (1.02, 0.9)
+"""... and as fractions of the smallest keep-set peak: just above it, and below it."""
+
+
 def conv_nets(time_limit_s: float) -> list[dict]:
-    cases = {
-        "vgg": lambda: zoo.vgg(widths=(16, 32, 64, 128), convs_per_stage=3, image=32, batch=8),
-        "resnet": lambda: zoo.resnet(widths=(16, 32), blocks_per_stage=2, image=32, batch=8),
-    }
+    """Per conv net and budget: the keep-set optimum, ``auto``'s general plan (measured when
+    it fits: peak against prediction, gradients against the original) and, side by side,
+    ``dp_nested`` and the nested heuristic."""
     rows = []
-    for name, build in cases.items():
+    for name, build in CONV_NETS.items():
         model, args, kwargs = build()
         graph = chkpt_opt.trace(model, args, kwargs)
         keep_all = simulate(graph, Schedule()).peak_bytes
+        keep_floor = get_solver("auto", general=False)(graph, 0, time_limit_s=time_limit_s)
         static = chkpt_opt.plan(
             model, args, example_kwargs=kwargs, budget=10**12, optimizer=None
         ).static
         resident = static.param_bytes + static.buffer_bytes + static.input_bytes
-        for fraction in (0.8, 0.6, 0.5, 0.45):
-            budget = int(keep_all * fraction)
+        budgets = [("keep_all", f, int(keep_all * f)) for f in KEEP_ALL_FRACTIONS]
+        budgets += [("keep_set_floor", f, int(keep_floor.peak_bytes * f)) for f in FLOOR_FRACTIONS]
+        for of, fraction, budget in budgets:
             keep = get_solver("auto", general=False)(graph, budget, time_limit_s=time_limit_s)
-            general = get_solver("auto", general=True)
-            found = general(graph, budget, time_limit_s=time_limit_s)
+            start = time.perf_counter()
+            plan = chkpt_opt.plan(  # auto beyond keep-set; its result is the general row
+                model,
+                args,
+                example_kwargs=kwargs,
+                budget=budget + resident,
+                optimizer=None,
+                time_limit_s=time_limit_s,
+            )
             row = {
                 "model": name,
+                "ops": graph.number_of_nodes(),
+                "budget_of": of,
                 "fraction": fraction,
+                "budget_bytes": budget,
+                "keep_all_bytes": keep_all,
+                "keep_set_floor_bytes": keep_floor.peak_bytes,
                 "keep_set": _row(keep),
-                "general": _row(found),
+                "general": {**_row(plan.result), "plan_s": round(time.perf_counter() - start, 2)},
+                "nested_optimum": plan.result.stats.get("nested_optimum"),
+                **nested_side_by_side(graph, budget, time_limit_s),
             }
-            if found.feasible:  # measure it: plan again (same graph, same solver)
-                plan = chkpt_opt.plan(
-                    model,
-                    args,
-                    example_kwargs=kwargs,
-                    budget=budget + resident,
-                    optimizer=None,
-                    solver=general,
-                    time_limit_s=time_limit_s,
-                )
+            if plan.result.feasible:
                 row.update(_measured(model, args, kwargs, plan))
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -224,17 +246,34 @@ def main() -> None:
     parser.add_argument(
         "--dp-nested", action="store_true", help="add dp_nested beside the nested heuristic"
     )
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="run only these parts; the others' results stay as the file has them",
+    )
     args = parser.parse_args()
     args.o.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
-    results = {
-        "command": " ".join(["python", "benchmarks/general_space.py", *sys.argv[1:]]),
-        "torch": torch.__version__,
-        "deep_chain": deep_chain(args.time_limit, args.dp_nested),
-        "conv_nets": conv_nets(args.time_limit),
-    }
-    results["corpus_rows"] = len(corpus(args.time_limit, args.o, args.max_ops, args.dp_nested))
-    (args.o / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    path = args.o / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    command = " ".join(["python", "benchmarks/general_space.py", *sys.argv[1:]])
+    commands = results.setdefault("commands", {})
+    if "command" in results:  # a file from before --parts: one command made every part
+        commands.update(dict.fromkeys(PARTS, results.pop("command")))
+    results.update(torch=torch.__version__)
+    for part in args.parts:
+        if part == "deep_chain":
+            results["deep_chain"] = deep_chain(args.time_limit, args.dp_nested)
+        elif part == "conv_nets":
+            results["conv_nets"] = conv_nets(args.time_limit)
+        else:
+            results["corpus_rows"] = len(
+                corpus(args.time_limit, args.o, args.max_ops, args.dp_nested)
+            )
+        commands[part] = command
+    path.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
