@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import chkpt_opt  # noqa: E402
 from chkpt_opt import zoo  # noqa: E402
 from chkpt_opt.api import Plan  # noqa: E402
-from chkpt_opt.errors import SolverError  # noqa: E402
+from chkpt_opt.errors import InfeasibleBudgetError, SolverError  # noqa: E402
 from chkpt_opt.graphs.io import load_graph  # noqa: E402
 from chkpt_opt.measure import measure_step  # noqa: E402
 from chkpt_opt.schedule import Schedule  # noqa: E402
@@ -210,14 +210,19 @@ def conv_nets(time_limit_s: float) -> list[dict]:
         for of, fraction, budget in budgets:
             keep = get_solver("auto", general=False)(graph, budget, time_limit_s=time_limit_s)
             start = time.perf_counter()
-            plan = chkpt_opt.plan(  # auto beyond keep-set; its result is the general row
-                model,
-                args,
-                example_kwargs=kwargs,
-                budget=budget + resident,
-                optimizer=None,
-                time_limit_s=time_limit_s,
-            )
+            try:  # auto beyond keep-set; its result is the general row
+                plan = chkpt_opt.plan(
+                    model,
+                    args,
+                    example_kwargs=kwargs,
+                    budget=budget + resident,
+                    optimizer=None,
+                    time_limit_s=time_limit_s,
+                )
+                general = plan.result
+            except InfeasibleBudgetError:  # the same solve, for its lowest peak
+                plan = None
+                general = get_solver("auto")(graph, budget, time_limit_s=time_limit_s)
             row = {
                 "model": name,
                 "ops": graph.number_of_nodes(),
@@ -227,11 +232,11 @@ def conv_nets(time_limit_s: float) -> list[dict]:
                 "keep_all_bytes": keep_all,
                 "keep_set_floor_bytes": keep_floor.peak_bytes,
                 "keep_set": _row(keep),
-                "general": {**_row(plan.result), "plan_s": round(time.perf_counter() - start, 2)},
-                "nested_optimum": plan.result.stats.get("nested_optimum"),
+                "general": {**_row(general), "plan_s": round(time.perf_counter() - start, 2)},
+                "nested_optimum": general.stats.get("nested_optimum"),
                 **nested_side_by_side(graph, budget, time_limit_s),
             }
-            if plan.result.feasible:
+            if plan is not None:
                 row.update(_measured(model, args, kwargs, plan))
             rows.append(row)
             print(json.dumps(row), flush=True)
