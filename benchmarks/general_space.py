@@ -191,6 +191,26 @@ FLOOR_FRACTIONS = (1.02, 0.9)
 """... and as fractions of the smallest keep-set peak: just above it, and below it."""
 
 
+def _floor(result: SolveResult) -> dict:
+    """The smallest peak a solve at budget 0 found, and whether it is proven minimal."""
+    return {
+        "peak_bytes": result.peak_bytes,
+        "proven": bool(result.stats.get("min_feasible_proven")),
+        "solver": result.solver,
+    }
+
+
+def _nested_floor(graph, time_limit_s: float) -> dict | None:
+    """``dp_nested``'s smallest peak (given four times the limit: the lowest-peak search
+    solves the DP several times), or None where it refuses the graph."""
+    start = time.perf_counter()
+    try:
+        result = get_solver("dp_nested")(graph, 0, time_limit_s=4 * time_limit_s)
+    except SolverError:
+        return None
+    return {**_floor(result), "solve_s": round(time.perf_counter() - start, 2)}
+
+
 def conv_nets(time_limit_s: float) -> list[dict]:
     """Per conv net and budget: the keep-set optimum, ``auto``'s general plan (measured when
     it fits: peak against prediction, gradients against the original) and, side by side,
@@ -205,6 +225,8 @@ def conv_nets(time_limit_s: float) -> list[dict]:
             model, args, example_kwargs=kwargs, budget=10**12, optimizer=None
         ).static
         resident = static.param_bytes + static.buffer_bytes + static.input_bytes
+        floors = {"keep_set": _floor(keep_floor), "nested": _nested_floor(graph, time_limit_s)}
+        print(json.dumps({"model": name, "floors": floors}), flush=True)
         budgets = [("keep_all", f, int(keep_all * f)) for f in KEEP_ALL_FRACTIONS]
         budgets += [("keep_set_floor", f, int(keep_floor.peak_bytes * f)) for f in FLOOR_FRACTIONS]
         for of, fraction, budget in budgets:
@@ -231,6 +253,7 @@ def conv_nets(time_limit_s: float) -> list[dict]:
                 "budget_bytes": budget,
                 "keep_all_bytes": keep_all,
                 "keep_set_floor_bytes": keep_floor.peak_bytes,
+                "floors": floors,
                 "keep_set": _row(keep),
                 "general": {**_row(general), "plan_s": round(time.perf_counter() - start, 2)},
                 "nested_optimum": general.stats.get("nested_optimum"),
