@@ -233,3 +233,19 @@ def test_auto_general_takes_the_nested_optimum_below_the_keep_set_floor() -> Non
     assert result.objective <= exact.objective * (1 + 1e-12)
     assert result.stats["nested_optimum"]["status"] == "optimal"
     assert result.stats["nested_optimum"]["objective_s"] == exact.objective
+
+
+def test_a_region_boundary_between_an_op_and_its_view_is_outside_the_space() -> None:
+    model, args, _ = zoo.vgg(widths=(4,), convs_per_stage=1, image=8, batch=2)
+    graph = chkpt_opt.trace(model, args)
+    order = ordered_nodes(graph)
+    pool = next(k for k, v in enumerate(order) if graph.nodes[v]["op"].startswith("aten.max_pool"))
+    assert graph.nodes[order[pool + 1]]["is_view"]
+    inside = Schedule(regions=(tuple(order[: pool + 1]),))  # ends between the pool and its view
+    with pytest.raises(SolverError, match="splits an op from a view"):
+        predict(graph, inside)
+    whole = Schedule(regions=(tuple(order[: pool + 2]),))
+    peak, cost = predict(graph, whole)
+    profile = simulate(graph, whole)
+    assert peak == profile.peak_bytes
+    assert cost == pytest.approx(profile.recompute_s, rel=1e-12, abs=1e-15)

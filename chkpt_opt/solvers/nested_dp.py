@@ -175,8 +175,6 @@ class NestedDp:
             eb, eth = 0, 0
         if c.lp[b] == b - 1:
             tail_done = False  # no tail: nothing to hoist
-        if self.peak_mode:
-            m = r = INF_BYTES  # no budget: the peak is what is minimized
         if m < 0:
             return None
         if r < 0:
@@ -195,10 +193,14 @@ class NestedDp:
         # answer is the same with any larger room.
         self.run_hi = r if self.run_limited > before else INF_BYTES
         # No plan of the frame is cheaper than its replay with every op plain: that result
-        # holds for every larger budget and run room too.
+        # holds for every larger budget and run room too (minimizing cost).
         last = c.lp[b]
         floor = c.replay_time_s(a, last)
-        least = result is not None and result.cost_s <= floor * (1 + 1e-12)
+        least = (
+            not self.peak_mode
+            and result is not None
+            and result.cost_s <= floor * (1 + 1e-12)
+        )
         self.memo.store(key, m, self.run_hi, result, least=least)
         return result
 

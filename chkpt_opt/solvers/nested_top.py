@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from chkpt_opt.solvers.nested_chain import Plan
 from chkpt_opt.solvers.nested_dp import ALWAYS, KEY, NestedDp
-from chkpt_opt.solvers.nested_front import INF_BYTES, Entry, pieces, prune
+from chkpt_opt.solvers.nested_front import Entry, pieces, prune
 
 
 def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
-    """The best plan of the whole chain within ``budget_bytes`` (ignored when minimizing
-    the peak): (recompute time, predicted peak, outermost regions), or None."""
+    """The best plan of the whole chain within ``budget_bytes`` (the cheapest, or with
+    ``dp.peak_mode`` the one of lowest peak; ``INF_BYTES``: no budget): (recompute time,
+    predicted peak, outermost regions), or None when no plan fits."""
     c = dp.c
     n = c.n
-    budget = INF_BYTES if dp.peak_mode else budget_bytes
+    budget = budget_bytes
     start: Entry = (0, 0.0, 0, 0.0, None, None)
     pending: dict[int, dict[bool, list[Entry]]] = {0: {False: [start]}}
     for p in range(n):
