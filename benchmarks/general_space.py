@@ -176,6 +176,23 @@ def deep_chain(time_limit_s: float, dp_nested: bool = False) -> dict:
             "at_0.75": nested_side_by_side(graph, budget - resident, time_limit_s),
             "smallest": nested_side_by_side(graph, 0, time_limit_s),
         }
+        floor = out["dp_nested"]["smallest"].get("dp_nested_peak_bytes")
+        if floor is not None:  # dp_nested's plan at its smallest peak, run
+            lowest = chkpt_opt.plan(
+                model,
+                (x,),
+                budget=floor + resident,
+                optimizer=None,
+                solver=get_solver("dp_nested"),
+                time_limit_s=4 * time_limit_s,
+            )
+            out["dp_nested"]["smallest_plan"] = {
+                "status": lowest.result.status.value,
+                "step_budget_bytes": floor + resident,
+                "nested_regions": len(lowest.schedule.nested),
+                "overhead": round(lowest.profile.overhead, 4),
+                **_measured(model, (x,), {}, lowest),
+            }
     print(json.dumps(out), flush=True)
     return out
 
