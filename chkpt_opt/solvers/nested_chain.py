@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, edge_uses, ordered_nodes, storage_owners
-from chkpt_opt.schedule import Schedule, cut_positions, nesting_allowed, region_tree
+from chkpt_opt.schedule import Schedule, cut_positions, region_tree
 
 Plan = tuple[tuple[int, int, tuple], ...]
 """A region tree: ``(start, stop, children)`` for each region at one level, by position."""
@@ -148,8 +148,6 @@ def simple_chain(graph: CostGraph) -> NestedChain:
 
     if list(graph.graph["outputs"]) != [order[-1]]:
         raise refuse(order[-1], "the step outputs are not exactly the last op")
-    if not nesting_allowed(graph):
-        raise refuse(order[0], "an op writes module state or an input in place")
     owners = storage_owners(graph)
     units: list[list[int]] = []  # op positions of each unit: its owner, then its views
     unit_sids: list[str] = []
@@ -163,7 +161,9 @@ def simple_chain(graph: CostGraph) -> NestedChain:
             continue
         attrs = nodes[v]
         outs = dict(attrs["outputs"])
-        if len(outs) != 1 or attrs["aliases"] or attrs["is_inplace"]:
+        if attrs["is_inplace"]:
+            raise refuse(v, "it writes a tensor in place")
+        if len(outs) != 1 or attrs["aliases"]:
             raise refuse(v, "it does not own exactly one output storage")
         ((sid, nbytes),) = outs.items()
         preds = list(graph.predecessors(v))
