@@ -17,7 +17,6 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
     predicted peak, outermost regions), or None when no plan fits."""
     c = dp.c
     n = c.n
-    budget = budget_bytes
     start: Entry = (0, 0.0, 0, 0.0, None, None)
     pending: dict[int, dict[bool, list[Entry]]] = {0: {False: [start]}}
     for p in range(n):
@@ -40,7 +39,7 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
                         + (inp if held_in else 0)
                         + (c.a[p] if c.sout[p] and p < n - 1 else 0),
                     )
-                    if need <= budget:
+                    if need <= budget_bytes:
                         kept = (inp if held_in else 0) + c.e[p]
                         new = dp.extend(entry, kept, need, 0.0, None)
                         state = bool(c.sout[p]) and p < n - 1
@@ -52,10 +51,10 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
                         run_body = max(run_body, dp.body[i])
                         i += 1
                     run = k_held + inp + run_body
-                    if run > budget or (not dp.peak_mode and dp.bwd(p, c.lp[q]) > budget - k_held):
+                    room = budget_bytes - k_held
+                    if run > budget_bytes or (not dp.peak_mode and dp.bwd(p, c.lp[q]) > room):
                         break  # both only grow with q
                     mode = ALWAYS if ih else KEY
-                    room = budget - k_held
                     sub = dp.frame(p, q, mode, 0, 0, False, room, room - inp)
                     if sub is None:
                         continue
@@ -69,7 +68,7 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
         for e in cands:
             # bwd_start: what the forward pass keeps, the step output and its gradient.
             closing = dp.extend(e, 0, c.cb + e[0], 0.0, None)
-            if closing[2] <= budget:
+            if closing[2] <= budget_bytes:
                 finals.append(closing)
     if not finals:
         return None
