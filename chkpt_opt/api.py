@@ -103,25 +103,26 @@ class Plan:
         """Returns a new module that runs the schedule; it shares the model's parameters.
 
         With ``for_compile=True`` the module is meant for ``torch.compile``: its recompute
-        regions become regions that the compiled backward recomputes. It runs the schedule
-        of :meth:`for_compile` (the keep-set plan, where this plan's schedule nests
-        regions or caches ops).
+        regions become regions that the compiled backward recomputes, and their cached ops
+        are saved. It runs the schedule of :meth:`for_compile` (the keep-set plan, where
+        this plan's schedule nests regions).
         """
         plan = self.for_compile() if for_compile else self
         module = plan.traced.captured.fresh_module()
         return apply_schedule(module, plan.graph, plan.schedule, for_compile=for_compile)
 
     def for_compile(self, *, time_limit_s: float | None = None) -> Plan:
-        """The plan that the compiled step runs: this plan for a keep-set schedule; for a
-        schedule with nested regions or cached ops, the best keep-set plan at the same
-        budget (solved once, by ``auto`` without its search beyond keep-set).
+        """The plan that the compiled step runs: this plan when its regions do not nest
+        (keep-set regions, cached ops inside them or not); for a schedule with nested
+        regions, the best keep-set plan at the same budget (solved once, by ``auto``
+        without its search beyond keep-set).
 
         The compile path hands regions to the partitioner of ``torch.compile``
-        (:mod:`chkpt_opt.export.partitioner`), which recomputes a region's ops from its
-        inputs: it does not nest recomputations and its tags do not say which op of a
-        region to cache. Running this plan's schedule there would use the memory of
-        another schedule than the one predicted; the keep-set plan's prediction is what
-        the compiled step is measured against (:func:`~chkpt_opt.export.compiled.
+        (:mod:`chkpt_opt.export.partitioner`), which saves the outputs of the ops a region
+        caches and recomputes its other ops from its inputs; it does not nest
+        recomputations. Running a nested schedule there would use the memory of another
+        schedule than the one predicted; the keep-set plan's prediction is what the
+        compiled step is measured against (:func:`~chkpt_opt.export.compiled.
         measure_compiled`).
 
         Raises:
@@ -129,7 +130,7 @@ class Plan:
                 it only with nested regions); the message states the smallest budget a
                 compiled plan needs.
         """
-        if self.schedule.is_keep_set():
+        if not self.schedule.nested:
             return self
         if self._compiled is None:
             result = get_solver("auto", general=False)(

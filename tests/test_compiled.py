@@ -13,10 +13,11 @@ import torch._dynamo
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.errors import ChkptOptError, InfeasibleBudgetError
+from chkpt_opt.errors import ChkptOptError, InfeasibleBudgetError, ScheduleError
 from chkpt_opt.export.compiled import EQUAL_WITHIN, measure_compiled
 from chkpt_opt.export.partitioner import PlanPartitioner, compile_module
 from chkpt_opt.measure import measure_step_allocator, preserved_state, run_step
+from chkpt_opt.solvers import get_solver
 from tests.conftest import budget_at
 
 
@@ -28,9 +29,12 @@ def _fresh_dynamo():
 
 
 def _plan_at(built: zoo.Built, fraction: float) -> chkpt_opt.Plan:
+    """The keep-set plan at ``fraction`` of the keep-all peak (the plans with cached ops
+    and nested regions have their own tests)."""
     model, args, _ = built
     budget = budget_at(model, args, fraction)
-    return chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver="auto")
+    keep_set = get_solver("auto", general=False)
+    return chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver=keep_set)
 
 
 def _chain() -> zoo.Built:
@@ -69,8 +73,8 @@ def test_plain_torch_compile_misses_the_budget_the_plan_partitioner_meets() -> N
     assert peaks["plan"] <= plan.activation_budget_bytes < peaks["plain"], peaks
 
 
-def _decoder() -> zoo.Built:
-    return zoo.gpt(n_layer=2, d_model=64, seq_len=64, batch=4, vocab=256)
+def _decoder(dropout: float = 0.1) -> zoo.Built:
+    return zoo.gpt(n_layer=2, d_model=64, seq_len=64, batch=4, vocab=256, dropout=dropout)
 
 
 def test_compiled_decoder_keeps_region_outputs_the_plan_keeps() -> None:
@@ -146,16 +150,59 @@ def test_partitioner_refuses_a_call_without_forward_outputs() -> None:
         PlanPartitioner()(graph, [])
 
 
-def test_a_plan_beyond_keep_set_compiles_its_keep_set_plan() -> None:
-    """plan.compile() runs keep-set regions only (the partitioner neither nests nor caches
-    single ops of a region): a plan with cached ops compiles its keep-set plan at the same
-    budget, and measure_compiled holds the compiled step to that plan's prediction."""
-    built = _decoder()
-    model, args, _ = built
+def test_cached_ops_reach_the_compiled_step() -> None:
+    """A plan that caches ops inside its regions compiles as it is: the partitioner saves
+    what each cached op returns (one node per op here) and recomputes the rest of its
+    region, the compiled forward saves at most the plan's bytes (it may drop a cached
+    output that no backward needs once the values after it are saved), the step meets the
+    budget, and its gradients are eager's (no dropout: compiled code draws other
+    numbers)."""
+    model, args, _ = _decoder(dropout=0.0)
     plan = chkpt_opt.plan(
         model, args, budget=budget_at(model, args, 0.6), optimizer=None, solver="cached"
     )
-    assert plan.schedule.saved and not plan.schedule.is_keep_set()
+    assert plan.schedule.saved and not plan.schedule.nested
+    assert plan.for_compile() is plan
+    partitioner = PlanPartitioner()
+    with (
+        preserved_state(plan.traced.captured.module),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        grads = []
+        for module in (
+            plan.apply(),
+            compile_module(plan.apply(for_compile=True), partitioner=partitioner),
+        ):
+            model.zero_grad(set_to_none=True)
+            run_step(module, args, {})
+            grads.append([p.grad.clone() for p in model.parameters()])
+    for eager, compiled in zip(*grads, strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-6)
+    (record,) = partitioner.records
+    assert record.cached_region_ops == len(plan.schedule.saved)
+    torch._dynamo.reset()
+    report = measure_compiled(plan, args)
+    assert report.planned_peak_bytes == plan.profile.peak_bytes
+    assert report.compiled_saved_bytes is not None
+    assert report.compiled_saved_bytes <= report.planned_saved_bytes
+    assert report.meets_budget
+
+
+def test_a_nested_plan_compiles_its_keep_set_plan() -> None:
+    """plan.compile() runs one level of regions (the partitioner does not nest
+    recomputations): a plan with nested regions compiles its keep-set plan at the same
+    budget, and measure_compiled holds the compiled step to that plan's prediction; the
+    nested schedule itself is refused for compile."""
+    from chkpt_opt.codegen import apply_schedule
+
+    model, args, _ = _chain()
+    plan = chkpt_opt.plan(
+        model, args, budget=budget_at(model, args, 0.7), optimizer=None, solver="dp_nested"
+    )
+    assert plan.schedule.nested
+    fresh = plan.traced.captured.fresh_module()
+    with pytest.raises(ScheduleError, match="nests regions"):
+        apply_schedule(fresh, plan.graph, plan.schedule, for_compile=True)
     keep = plan.for_compile()
     assert keep.schedule.is_keep_set() and keep.result.feasible
     assert keep.profile.peak_bytes <= plan.activation_budget_bytes

@@ -220,6 +220,17 @@ def test_torch_compile_of_nested_regions_with_state_updates() -> None:
     )
 
 
+def test_torch_compile_of_cached_ops_at_every_level() -> None:
+    """Cached ops in an outer region and in two levels of regions nested in it, inlined for
+    compile: each runs through its annotated call (the inner flat bodies' callees carried
+    into the outer one), and the model trains as the reference does."""
+    _compiled_beside_reference(
+        CompileNet,
+        (torch.randn(64, 32),),
+        lambda graph: _schedule(graph, ((8, 16),), ((9, 14), (11, 13)), saved=(8, 9, 12)),
+    )
+
+
 def test_a_cached_op_beside_a_buffer_update_under_no_grad() -> None:
     """Before the fix, the recomputation failed ("aten.clone.default encountered during
     backward but not found in storage"): a region that updates a buffer inside

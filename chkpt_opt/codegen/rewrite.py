@@ -11,7 +11,13 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from chkpt_opt.codegen.randomness import draws_random
-from chkpt_opt.codegen.runtime import CheckpointRegion, begin_cached_op, end_cached_op
+from chkpt_opt.codegen.runtime import (
+    CheckpointRegion,
+    _fetch,
+    begin_cached_op,
+    end_cached_op,
+    run_cached_traced,
+)
 from chkpt_opt.codegen.state import (
     _guard_stateful,
     _roots_written_by,
@@ -23,6 +29,9 @@ from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, check_schedule, innermost_regions, region_tree
 
+_CALLEE = "_chkpt_cached_callee_"
+"""The name prefix of the attributes that hold cached ops' callees in flat bodies."""
+
 
 def _flat_body(
     gm: torch.fx.GraphModule,
@@ -31,6 +40,7 @@ def _flat_body(
     outputs: list[torch.fx.Node],
     inner: tuple[CheckpointRegion, ...],
     k: int,
+    cached: frozenset[str] = frozenset(),
 ) -> tuple[torch.fx.GraphModule, tuple[str, ...]]:
     """The region's ops with its inner regions' ops inlined, for ``torch.compile``.
 
@@ -39,7 +49,10 @@ def _flat_body(
     whatever the depth of the schedule (dynamo tracing one checkpoint per level of a deep
     multi-level schedule exceeds Python's recursion limit). No guards: under compile,
     state updates happen once. It takes the body's arguments, then the attributes of the
-    inner regions (their ``flat_attr_targets``), read from the root at call time.
+    inner regions (their ``flat_attr_targets``), read from the root at call time. The ops
+    named in ``cached`` run through :func:`~chkpt_opt.codegen.runtime.run_cached_traced`,
+    which marks their traced nodes for the plan partitioner to save (inner regions'
+    cached ops come marked from their own flat bodies).
     """
     flat = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
@@ -47,11 +60,17 @@ def _flat_body(
         env[arg] = flat.placeholder(f"in_{arg.name}")
     extra: list[str] = []
     extra_nodes: dict[str, torch.fx.Node] = {}
+    callees: dict[str, Any] = {}
     for region_module in inner:
         for target in (*region_module.attr_targets, *region_module.flat_attr_targets):
             if target not in extra_nodes:
                 extra.append(target)
                 extra_nodes[target] = flat.placeholder(f"in_flat_{len(extra)}")
+        # The callees of the inner regions' cached ops come with their flat graphs.
+        inner_flat = region_module.flat_body
+        for n in inner_flat.graph.nodes:
+            if n.op == "get_attr" and str(n.target).startswith(_CALLEE):
+                callees[str(n.target)] = getattr(inner_flat, str(n.target))
     for node in region:
         wrapper = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
         if isinstance(wrapper, CheckpointRegion):
@@ -66,10 +85,42 @@ def _flat_body(
             and isinstance(env[node.args[0]], tuple)
         ):
             env[node] = env[node.args[0]][node.args[1]]
+        elif node.name in cached:
+            env[node] = _cached_call(flat, node, env, callees, k)
         else:
             env[node] = flat.node_copy(node, lambda x: env[x])
     flat.output(tuple(env[o] for o in outputs))
-    return torch.fx.GraphModule(gm, flat, class_name=f"FlatRegion{k}"), tuple(extra)
+    root: Any = gm
+    if callees:  # the callees are attributes of the flat module: a root of named values
+        named = {str(n.target) for n in flat.nodes if n.op in ("get_attr", "call_module")}
+        root = {t: _fetch(gm, t) for t in named - set(callees)} | callees
+    return torch.fx.GraphModule(root, flat, class_name=f"FlatRegion{k}"), tuple(extra)
+
+
+def _cached_call(
+    flat: torch.fx.Graph,
+    node: torch.fx.Node,
+    env: dict[torch.fx.Node, Any],
+    callees: dict[str, Any],
+    k: int,
+) -> torch.fx.Node:
+    """Copies ``node`` of region ``k`` into ``flat`` as a call of ``run_cached_traced``
+    (the callee, which fx code cannot name inline, becomes an attribute of the flat
+    module, named after the region: outer regions' flat modules take it over)."""
+    args = tuple(torch.fx.map_arg(node.args, lambda x: env[x]))
+    kwargs = dict(torch.fx.map_arg(node.kwargs, lambda x: env[x]))
+    if node.op == "call_method":
+        callee = flat.call_function(getattr, (args[0], node.target))
+        args = args[1:]
+    elif node.op == "call_module":
+        callee = flat.get_attr(str(node.target))
+    else:
+        name = f"{_CALLEE}{k}_{len(callees)}"
+        callees[name] = node.target
+        callee = flat.get_attr(name)
+    call = flat.call_function(run_cached_traced, (node.name, callee, *args), kwargs)
+    call.meta = dict(node.meta)
+    return call
 
 
 def _outline(
@@ -155,7 +206,7 @@ def _outline(
         for m in [gm.get_submodule(str(node.target))]
         if isinstance(m, CheckpointRegion)
     )
-    flat = _flat_body(gm, region, acts + statics, outputs, inner, k)
+    flat = _flat_body(gm, region, acts + statics, outputs, inner, k, cached)
     if not for_compile:
         _guard_stateful(body, gm)
 
@@ -213,12 +264,12 @@ def apply_schedule(
         ``module``, rewritten and recompiled.
     """
     check_schedule(graph, schedule)
-    if for_compile and not schedule.is_keep_set():
+    if for_compile and schedule.nested:
         raise ScheduleError(
-            "this schedule nests regions or caches ops inside them; the torch.compile path "
-            "runs keep-set schedules only. Apply it eagerly (plan.apply()), or compile the "
-            "plan's keep-set counterpart (plan.compile() and plan.apply(for_compile=True) "
-            "solve it at the same budget)."
+            "this schedule nests regions; the torch.compile path runs one level of regions "
+            "(its partitioner does not nest recomputations). Apply it eagerly "
+            "(plan.apply()), or compile the plan's counterpart without nesting "
+            "(plan.compile() and plan.apply(for_compile=True) solve it at the same budget)."
         )
     by_name = {n.name: n for n in module.graph.nodes}
     missing = [n for r in schedule.regions for n in r if n not in by_name]

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.fx.traceback
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -91,6 +92,19 @@ def end_cached_op(token: contextvars.Token[str | None] | None) -> None:
     """Marks the end of the op that :func:`begin_cached_op` started."""
     if token is not None:
         _CACHING.reset(token)
+
+
+CACHED_OP_ANNOTATION = "chkpt_opt_cached_op"
+"""The key of the annotation (``node.meta["custom"]``) that marks the nodes of a cached op
+in a region that ``torch.compile`` traces; its value is the op's name. The plan
+partitioner (:mod:`chkpt_opt.export.partitioner`) saves what such an op returns."""
+
+
+def run_cached_traced(op: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Calls ``fn`` as the cached op ``op`` of a region's flat body (what ``torch.compile``
+    traces): the nodes it traces carry the annotation :data:`CACHED_OP_ANNOTATION`."""
+    with torch.fx.traceback.annotate({CACHED_OP_ANNOTATION: op}):
+        return fn(*args, **kwargs)
 
 
 @contextlib.contextmanager

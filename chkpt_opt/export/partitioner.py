@@ -21,6 +21,11 @@ policy before handing the graph to the min-cut partitioner, which honours the ta
   storage (a view is never saved by min-cut, its base is). Eager keeps it when a backward
   op of an op outside the region reads it (that op saved it), or when an op of another
   region reads it in the forward pass;
+* an op inside a region that the plan caches (a selective-checkpoint ``MUST_SAVE`` in
+  eager; codegen annotates its traced nodes, see
+  :func:`~chkpt_opt.codegen.runtime.run_cached_traced`): ``MUST_SAVE`` on the nodes that
+  own what it returns (:func:`cached_op_outputs`); the intermediates of its decomposition
+  are recomputed;
 * every other op inside a region: ``MUST_RECOMPUTE``.
 
 Backward nodes are matched to the forward op they differentiate by autograd's sequence
@@ -55,6 +60,7 @@ except ImportError:  # a torch without Inductor's partitioner hook: compile_modu
     CustomPartitionerFn = object  # type: ignore[assignment,misc]
     get_hash_for_files = None  # type: ignore[assignment]
 
+from chkpt_opt.codegen.runtime import CACHED_OP_ANNOTATION
 from chkpt_opt.errors import ChkptOptError
 
 log = logging.getLogger(__name__)
@@ -69,6 +75,8 @@ class PartitionRecord:
         saved_ops: ops tagged ``MUST_SAVE`` (outside every region, or kept region outputs).
         recomputed_ops: ops tagged ``MUST_RECOMPUTE``.
         kept_region_ops: region ops whose output is kept, as eager keeps it.
+        cached_region_ops: the plan's cached ops whose outputs are saved, never
+            recomputed (see :func:`cached_op_outputs`).
         saved_bytes: bytes of the activations the compiled forward saves for the backward
             (distinct storages; parameters and inputs excluded).
     """
@@ -77,6 +85,7 @@ class PartitionRecord:
     saved_ops: int
     recomputed_ops: int
     kept_region_ops: int
+    cached_region_ops: int
     saved_bytes: int
 
 
@@ -122,20 +131,53 @@ def kept_region_outputs(graph: torch.fx.Graph, forward: set[torch.fx.Node]) -> s
     return kept
 
 
+def _cached_op(node: torch.fx.Node) -> str | None:
+    """The cached op whose traced nodes include ``node`` (its annotation), or None."""
+    return node.meta.get("custom", {}).get(CACHED_OP_ANNOTATION)
+
+
+def cached_op_outputs(graph: torch.fx.Graph, forward: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The storage owners of what the plan's cached region ops return.
+
+    A cached op may trace into several nodes (a decomposition); its outputs are those of
+    its forward nodes that a node outside it reads (a later op, in the forward or the
+    backward pass, or the graph's output), taken at the node owning their storage when
+    that node is one of the op's own.
+
+    Args:
+        graph: the joint graph, its cached ops' nodes annotated (see
+            :func:`~chkpt_opt.codegen.runtime.run_cached_traced`).
+        forward: the nodes the forward pass computes.
+    """
+    op_types = partitioners.get_default_op_list()
+    found: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        op = _cached_op(node)
+        if op is None or node not in forward or not _in_region(node):
+            continue
+        if all(_cached_op(u) == op for u in node.users):
+            continue  # read only inside the op (an intermediate of its decomposition)
+        owner = _storage_owner(node, op_types)
+        if owner in forward and _cached_op(owner) == op:
+            found.add(owner)
+    return found
+
+
 def tag_plan_decisions(
     joint: torch.fx.GraphModule, forward: set[torch.fx.Node]
-) -> tuple[int, int, int]:
+) -> tuple[int, int, int, int]:
     """Sets a checkpoint policy on every forward op of ``joint`` (see the module docstring).
 
     Returns:
-        ``(saved ops, recomputed ops, kept region ops)``.
+        ``(saved ops, recomputed ops, kept region ops, cached ops saved)``.
     """
     kept = kept_region_outputs(joint.graph, forward)
+    cached = cached_op_outputs(joint.graph, forward)
     saved = recomputed = 0
     for node in joint.graph.nodes:
         if node.op != "call_function" or node not in forward:
             continue
-        if _in_region(node) and node not in kept:
+        if _in_region(node) and node not in kept and node not in cached:
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
             recomputed += 1
         else:
@@ -153,7 +195,7 @@ def tag_plan_decisions(
             and producer.meta.get("recompute") == CheckpointPolicy.MUST_SAVE
         ):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-    return saved, recomputed, len(kept)
+    return saved, recomputed, len(kept), len({_cached_op(node) for node in cached})
 
 
 def saved_activation_bytes(forward_module: torch.fx.GraphModule, num_fwd_outputs: int) -> int:
@@ -199,7 +241,7 @@ class PlanPartitioner(CustomPartitionerFn):
         static = kwargs.get("static_lifetime_input_indices") or []
         info = partitioners.classify_nodes(gm, static, num_fwd_outputs)
         forward = set(info.required_fw_nodes)
-        saved, recomputed, kept = tag_plan_decisions(gm, forward)
+        saved, recomputed, kept, cached = tag_plan_decisions(gm, forward)
         fw_module, bw_module = partitioners.min_cut_rematerialization_partition(
             gm, joint_inputs, **kwargs
         )
@@ -208,6 +250,7 @@ class PlanPartitioner(CustomPartitionerFn):
             saved_ops=saved,
             recomputed_ops=recomputed,
             kept_region_ops=kept,
+            cached_region_ops=cached,
             saved_bytes=saved_activation_bytes(fw_module, num_fwd_outputs),
         )
         self.records.append(record)

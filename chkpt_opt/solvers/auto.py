@@ -57,8 +57,9 @@ in-place state updates applied once per step, a model's writes to its inputs rep
 private copies, ``torch.compile`` of the eager module tracing each outermost region flat),
 and the hard-model, end-to-end and peer tests pass with it. The nested search does not
 nest on graphs that write state in place (:func:`~chkpt_opt.schedule.nesting_allowed`).
-The compiled path runs keep-set schedules: ``Plan.for_compile`` solves the keep-set plan
-at the same budget with ``general=False``.
+The compiled path runs one level of regions, with their cached ops: for a nested
+schedule ``Plan.for_compile`` solves the keep-set plan at the same budget with
+``general=False``.
 """
 
 from __future__ import annotations
