@@ -29,7 +29,8 @@ ratio to the original, and the noise margin (twice the median absolute deviation
 original's steps). Against its peer a plan is judged on the rounds themselves: the median
 of its per-round time over the peer's in the same round, with twice the median absolute
 deviation of those ratios as the margin. A plan found for two peers is one module, timed
-once. Writes hf_models.csv and hf_models.md to the output directory.
+once. Writes hf_models.csv (with each plan's ``schedule``: its regions, nested regions and
+cached ops, as run) and hf_models.md to the output directory.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ FIELDS = [
     "plan_s",
     "predicted_mib",
     "prediction_error",
+    "schedule",
     "note",
 ]
 
@@ -297,6 +299,10 @@ def run(
             "gap": gap if gap == "" else round(gap, 4),
             "plan_s": round(trace_s + found.plan_s, 1),
             "predicted_mib": round(found.plan.profile.peak_bytes / 2**20, 1),
+            # What runs: a nested plan compiles its plan without nesting.
+            "schedule": schedule_shape(
+                (found.plan.for_compile() if compiled_peer else found.plan).schedule
+            ),
         }
         if found.tracked_bytes:
             row["prediction_error"] = round(
@@ -325,6 +331,14 @@ def run(
         if row.get("peak_bytes") is not None:
             row["peak_mib"] = round(row["peak_bytes"] / 2**20, 1)
     return list(rows.values())
+
+
+def schedule_shape(schedule: Schedule) -> str:
+    """What a schedule is made of: its outermost regions, nested regions and cached ops."""
+    return (
+        f"{len(schedule.regions)} regions, {len(schedule.nested)} nested, "
+        f"{len(schedule.saved)} cached"
+    )
 
 
 def paired_ratio(ours: list[float], peer: list[float]) -> tuple[float, float]:

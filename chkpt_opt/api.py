@@ -104,8 +104,8 @@ class Plan:
 
         With ``for_compile=True`` the module is meant for ``torch.compile``: its recompute
         regions become regions that the compiled backward recomputes, and their cached ops
-        are saved. It runs the schedule of :meth:`for_compile` (the keep-set plan, where
-        this plan's schedule nests regions).
+        are saved. It runs the schedule of :meth:`for_compile` (the plan without nesting,
+        where this plan's schedule nests regions).
         """
         plan = self.for_compile() if for_compile else self
         module = plan.traced.captured.fresh_module()
@@ -114,30 +114,30 @@ class Plan:
     def for_compile(self, *, time_limit_s: float | None = None) -> Plan:
         """The plan that the compiled step runs: this plan when its regions do not nest
         (keep-set regions, cached ops inside them or not); for a schedule with nested
-        regions, the best keep-set plan at the same budget (solved once, by ``auto``
-        without its search beyond keep-set).
+        regions, the best plan without nesting at the same budget (solved once, by
+        ``auto`` with ``nesting=False``: keep-set regions and cached ops).
 
         The compile path hands regions to the partitioner of ``torch.compile``
         (:mod:`chkpt_opt.export.partitioner`), which saves the outputs of the ops a region
         caches and recomputes its other ops from its inputs; it does not nest
         recomputations. Running a nested schedule there would use the memory of another
-        schedule than the one predicted; the keep-set plan's prediction is what the
-        compiled step is measured against (:func:`~chkpt_opt.export.compiled.
+        schedule than the one predicted; the prediction of the plan without nesting is
+        what the compiled step is measured against (:func:`~chkpt_opt.export.compiled.
         measure_compiled`).
 
         Raises:
-            InfeasibleBudgetError: no keep-set schedule fits the budget (this plan reaches
-                it only with nested regions); the message states the smallest budget a
-                compiled plan needs.
+            InfeasibleBudgetError: no schedule without nesting fits the budget (this plan
+                reaches it only with nested regions); the message states the smallest
+                budget a compiled plan needs.
         """
         if not self.schedule.nested:
             return self
         if self._compiled is None:
-            result = get_solver("auto", general=False)(
+            result = get_solver("auto", nesting=False)(
                 self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s
             )
             if not result.feasible:
-                lowest = smallest_peak(self.graph, time_limit_s=time_limit_s, general=False)
+                lowest = smallest_peak(self.graph, time_limit_s=time_limit_s, nesting=False)
                 minimum = self.static.step_peak_bytes(lowest.peak_bytes)
                 raise InfeasibleBudgetError(
                     f"budget {self.budget.text!r} = {format_bytes(self.budget.total_bytes)} "

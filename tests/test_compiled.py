@@ -188,11 +188,11 @@ def test_cached_ops_reach_the_compiled_step() -> None:
     assert report.meets_budget
 
 
-def test_a_nested_plan_compiles_its_keep_set_plan() -> None:
+def test_a_nested_plan_compiles_its_plan_without_nesting() -> None:
     """plan.compile() runs one level of regions (the partitioner does not nest
-    recomputations): a plan with nested regions compiles its keep-set plan at the same
-    budget, and measure_compiled holds the compiled step to that plan's prediction; the
-    nested schedule itself is refused for compile."""
+    recomputations): a plan with nested regions compiles the plan without nesting at the
+    same budget, and measure_compiled holds the compiled step to that plan's prediction;
+    the nested schedule itself is refused for compile."""
     from chkpt_opt.codegen import apply_schedule
 
     model, args, _ = _chain()
@@ -203,31 +203,31 @@ def test_a_nested_plan_compiles_its_keep_set_plan() -> None:
     fresh = plan.traced.captured.fresh_module()
     with pytest.raises(ScheduleError, match="nests regions"):
         apply_schedule(fresh, plan.graph, plan.schedule, for_compile=True)
-    keep = plan.for_compile()
-    assert keep.schedule.is_keep_set() and keep.result.feasible
-    assert keep.profile.peak_bytes <= plan.activation_budget_bytes
-    assert plan.for_compile() is keep and keep.for_compile() is keep
+    flat = plan.for_compile()
+    assert not flat.schedule.nested and flat.result.feasible
+    assert flat.profile.peak_bytes <= plan.activation_budget_bytes
+    assert plan.for_compile() is flat and flat.for_compile() is flat
     report = measure_compiled(plan, args)
-    assert report.planned_peak_bytes == keep.profile.peak_bytes
+    assert report.planned_peak_bytes == flat.profile.peak_bytes
     assert report.eager_peak_bytes <= report.budget_dynamic_bytes
 
 
-def test_a_nested_plan_below_the_keep_set_floor_does_not_compile() -> None:
-    """Below the smallest keep-set peak only nested regions fit: the compiled plan is
-    refused with the smallest budget a compiled plan needs, not predicted lower than it
+def test_a_nested_plan_below_the_floor_without_nesting_does_not_compile() -> None:
+    """Below the smallest peak without nesting only nested regions fit: the compiled plan
+    is refused with the smallest budget a compiled plan needs, not predicted lower than it
     runs."""
     model, args, _ = _chain()
     full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
     lowest = chkpt_opt.smallest_peak(full.graph)
-    keep_floor = chkpt_opt.smallest_peak(full.graph, general=False)
-    assert lowest.peak_bytes < keep_floor.peak_bytes
+    flat_floor = chkpt_opt.smallest_peak(full.graph, nesting=False)
+    assert lowest.peak_bytes < flat_floor.peak_bytes
     plan = chkpt_opt.plan(
         model, args, budget=full.static.resident_bytes + lowest.peak_bytes, optimizer=None
     )
     assert plan.schedule.nested
     with pytest.raises(InfeasibleBudgetError, match="cannot run") as info:
         plan.compile()
-    assert info.value.min_feasible_bytes == full.static.step_peak_bytes(keep_floor.peak_bytes)
+    assert info.value.min_feasible_bytes == full.static.step_peak_bytes(flat_floor.peak_bytes)
 
 
 class _Attention(torch.nn.Module):

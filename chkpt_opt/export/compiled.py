@@ -113,9 +113,9 @@ def measure_compiled(
 
     Args:
         plan: the plan (its model's state is restored afterwards). A plan whose schedule
-            nests regions is measured as the compiled step runs it: its keep-set plan at
-            the same budget (:meth:`~chkpt_opt.api.Plan.for_compile`), eager and compiled,
-            against that plan's prediction.
+            nests regions is measured as the compiled step runs it: its plan without
+            nesting at the same budget (:meth:`~chkpt_opt.api.Plan.for_compile`), eager and
+            compiled, against that plan's prediction.
         args: example inputs, as for :func:`chkpt_opt.plan`.
         kwargs: example keyword inputs.
     """

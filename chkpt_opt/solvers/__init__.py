@@ -11,13 +11,18 @@ from chkpt_opt.solvers.registry import available_solvers, get_solver, register
 
 
 def smallest_peak(
-    graph: CostGraph, *, time_limit_s: float | None = None, general: bool = True
+    graph: CostGraph,
+    *,
+    time_limit_s: float | None = None,
+    general: bool = True,
+    nesting: bool = True,
 ) -> SolveResult:
     """The lowest-peak schedule the registered solvers find: ``auto`` asked for a budget of
     0 bytes.
 
     Its ``peak_bytes`` is the smallest activation budget they meet, among keep-set
-    schedules unless ``general`` (then nested regions go lower). For a keep-set result,
+    schedules unless ``general`` (then cached ops and, with ``nesting``, nested regions go
+    lower). For a keep-set result,
     ``stats["min_feasible_proven"]`` says whether no keep-set schedule has a lower peak, and
     ``stats["min_feasible_lower_bytes"]`` is a proven lower bound where one is known. A
     schedule beyond keep-set (nested regions) comes with the floor of
@@ -26,7 +31,8 @@ def smallest_peak(
     (:func:`chkpt_opt.solvers.reference.bounds.min_feasible_budget` reads the keep-set
     result as a typed value.)
     """
-    return get_solver("auto", general=general)(graph, 0, time_limit_s=time_limit_s)
+    auto = get_solver("auto", general=general, nesting=nesting)
+    return auto(graph, 0, time_limit_s=time_limit_s)
 
 
 __all__ = [

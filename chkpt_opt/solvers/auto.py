@@ -58,8 +58,8 @@ private copies, ``torch.compile`` of the eager module tracing each outermost reg
 and the hard-model, end-to-end and peer tests pass with it. The nested search does not
 nest on graphs that write state in place (:func:`~chkpt_opt.schedule.nesting_allowed`).
 The compiled path runs one level of regions, with their cached ops: for a nested
-schedule ``Plan.for_compile`` solves the keep-set plan at the same budget with
-``general=False``.
+schedule ``Plan.for_compile`` solves the plan at the same budget with ``nesting=False``
+(keep-set stages, the rounding and the cached-op searches).
 """
 
 from __future__ import annotations
@@ -139,6 +139,9 @@ class AutoSolver:
         default_time_limit_s: time limit of the exact solver when none is given.
         general: also search schedules beyond keep-set (cached ops, nested regions); on
             by default.
+        nesting: with ``general``, also search nested regions (``dp_nested`` and the
+            nested heuristic); False keeps to one level of regions with cached ops, what
+            the ``torch.compile`` path runs (``Plan.for_compile``).
         general_share: with ``general``, the share of the time limit kept for the searches
             beyond keep-set (they also get what the keep-set stages leave): the keep-set
             stages stop earlier than without ``general``, which changes their result only
@@ -153,6 +156,7 @@ class AutoSolver:
     pruned_min_positions: int | None = PRUNED_MIN_POSITIONS
     default_time_limit_s: float = 60.0
     general: bool = True
+    nesting: bool = True
     general_share: float = 0.2
     name: str = "auto"
 
@@ -166,7 +170,7 @@ class AutoSolver:
             return self._keep_set(graph, budget_bytes, deadline, cover)
         keep_deadline = deadline.share(1.0 - self.general_share)
         keep = self._keep_set(graph, budget_bytes, keep_deadline, cover)
-        return _beyond_keep_set(graph, budget_bytes, keep, deadline, cover)
+        return _beyond_keep_set(graph, budget_bytes, keep, deadline, cover, self.nesting)
 
     def _keep_set(
         self, graph: CostGraph, budget_bytes: int, deadline: Deadline, cover: RecomputeBound
@@ -259,10 +263,12 @@ def _beyond_keep_set(
     keep: SolveResult,
     deadline: Deadline,
     cover: RecomputeBound,
+    nesting: bool,
 ) -> SolveResult:
     """The keep-set result, or a better schedule beyond keep-set (see the module
-    docstring). ``cover``'s bound holds over every schedule, so it is the bound of a result
-    from beyond keep-set."""
+    docstring; without ``nesting``, one level of regions with cached ops). ``cover``'s
+    bound holds over every schedule, so it is the bound of a result from beyond
+    keep-set."""
     if _proven_over_every_schedule(keep, cover):
         return dataclasses.replace(keep, stats=dict(keep.stats, proofs_over="every_schedule"))
     keep_stats = dict(keep.stats, proofs_over="keep_set")
@@ -277,9 +283,9 @@ def _beyond_keep_set(
         graph, budget_bytes, relaxed=cover, deadline=deadline.share(ROUNDING_SHARE)
     )
     starts = [rounded.schedule, keep.schedule] if _improves(rounded, keep) else [keep.schedule]
-    searches = [get_solver("dp_nested")]
+    searches = [get_solver("dp_nested")] if nesting else []
     searches += [get_solver("cached", warm_start=start) for start in starts]
-    if not keep.feasible:
+    if nesting and not keep.feasible:
         searches.append(get_solver("nested"))
     found = [rounded]
     refused: dict[str, str] = {}
