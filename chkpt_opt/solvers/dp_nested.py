@@ -173,12 +173,21 @@ class DpNestedSolver:
         found: list[tuple[Schedule, MemoryProfile, int]] = []  # (schedule, profile, cuts)
         # (schedule, profile, cuts, whether no lower peak exists over those cuts)
         lowest: list[tuple[Schedule, MemoryProfile, int, bool]] = []
-        frames = 0
+        # One DP per set of cuts and objective: a frame's memoized answers hold for every
+        # budget of the whole chain, so the solves below at other budgets reuse them.
+        dps: dict[tuple[tuple[int, ...], bool], NestedDp] = {}
+
+        def dp_for(cuts: list[int], minimize_peak: bool) -> NestedDp:
+            key = (tuple(cuts), minimize_peak)
+            if key not in dps:
+                dps[key] = NestedDp(
+                    chain, deadline=deadline, cuts=cuts, minimize_peak=minimize_peak
+                )
+            return dps[key]
+
         try:
             for cuts in stages:
-                dp = NestedDp(chain, deadline=deadline, cuts=cuts)
-                plan = top_plan(dp, budget_bytes)
-                frames += dp.frames_solved
+                plan = top_plan(dp_for(cuts, False), budget_bytes)
                 if plan is not None:
                     found.append((*_judged(graph, chain, plan), len(cuts)))
             if not found:
@@ -190,32 +199,24 @@ class DpNestedSolver:
                     # steps of 1/PEAK_STEPS until a plan fits; then each budget one byte
                     # below the last plan's peak finds a lower plan, or proves that peak
                     # minimal; then the cheapest plan at that peak.
+                    low = dp_for(cuts, True)
                     climb = _peak_floor(chain)
-                    while True:
-                        low = NestedDp(chain, deadline=deadline, cuts=cuts, minimize_peak=True)
-                        plan = top_plan(low, climb)
-                        frames += low.frames_solved
-                        if plan is not None:
-                            break
+                    while (plan := top_plan(low, climb)) is None:
                         climb += max(1, climb // PEAK_STEPS)
                     while True:
                         lowest.append((*_judged(graph, chain, plan), len(cuts), False))
-                        low = NestedDp(chain, deadline=deadline, cuts=cuts, minimize_peak=True)
                         lower = top_plan(low, plan[1] - 1)
-                        frames += low.frames_solved
                         if lower is None:
                             break
                         plan = lower
-                    dp = NestedDp(chain, deadline=deadline, cuts=cuts)
-                    cheapest = top_plan(dp, plan[1])
-                    frames += dp.frames_solved
+                    cheapest = top_plan(dp_for(cuts, False), plan[1])
                     if cheapest is None:
                         raise SolverError("dp_nested lost the plan at its lowest peak; a bug.")
                     lowest[-1] = (*_judged(graph, chain, cheapest), len(cuts), True)
         except DeadlineExceeded as err:
             stats["timed_out"] = True
             stats["reason"] = str(err)
-        stats["frames_solved"] = frames
+        stats["frames_solved"] = sum(dp.frames_solved for dp in dps.values())
         complete = len(allowed)
         if found:
             schedule, profile, used = min(found, key=lambda f: (f[1].recompute_s, -f[2]))
