@@ -64,6 +64,22 @@ def test_nested_schedules_go_below_the_smallest_keep_set_peak_of_a_chain() -> No
     assert nested.schedule.nested
 
 
+def test_auto_without_nesting_keeps_to_one_level_of_regions() -> None:
+    """Below the smallest keep-set peak of a chain only nesting fits: ``auto`` nests,
+    ``auto(nesting=False)`` (what the compiled path runs) does not, and says nothing fits."""
+    graph = chain_graph(32, activation_bytes=1 << 20)
+    keep_min = get_solver("auto", general=False)(graph, 0, time_limit_s=20).peak_bytes
+    budget = int(0.8 * keep_min)
+    nesting = get_solver("auto")(graph, budget, time_limit_s=20)
+    flat = get_solver("auto", nesting=False)(graph, budget, time_limit_s=20)
+    assert nesting.feasible and nesting.schedule.nested
+    assert not flat.feasible and not flat.schedule.nested
+    searched = {name.split("#")[0] for name in flat.stats["beyond_keep_set"]}
+    assert searched == {"cache_rounding", "cached"}
+    assert {"dp_nested", "nested"} <= {n.split("#")[0] for n in nesting.stats["tried"]}
+    assert_valid_result(graph, flat, budget)
+
+
 def _measured_against_original(model, args, plan) -> tuple[int, bool]:
     """The measured forward+backward peak of ``plan``'s module, and whether its gradients
     equal the original's bitwise."""
