@@ -188,6 +188,31 @@ def test_cached_ops_reach_the_compiled_step() -> None:
     assert report.meets_budget
 
 
+def test_cached_ops_are_part_of_the_compile_cache_key() -> None:
+    """Before the fix, a module caching an op and the same module caching none traced the
+    same graph (the annotations live in the nodes' meta), and PyTorch's compile caches
+    handed the first one's partition to the second: the partitioner's cache key now holds
+    the cached ops, which compile_module reads off the module."""
+    from chkpt_opt.codegen import apply_schedule
+    from chkpt_opt.export.partitioner import cached_op_names
+    from chkpt_opt.schedule import Schedule, cache_candidates
+
+    plan = _plan_at(_chain(), 0.6)
+    op = sorted(cache_candidates(plan.graph, plan.schedule))[0]
+    caching = Schedule(plan.schedule.regions, (), frozenset({op}))
+    modules = [
+        apply_schedule(plan.traced.captured.fresh_module(), plan.graph, s, for_compile=True)
+        for s in (caching, plan.schedule)
+    ]
+    names = [cached_op_names(m) for m in modules]
+    assert names == [(op,), ()]
+    partitioners = [PlanPartitioner(), PlanPartitioner()]
+    for module, partitioner in zip(modules, partitioners):
+        compile_module(module, partitioner=partitioner)
+    assert [p.cached_ops for p in partitioners] == names
+    assert partitioners[0].uuid() != partitioners[1].uuid()
+
+
 def test_a_nested_plan_compiles_its_plan_without_nesting() -> None:
     """plan.compile() runs one level of regions (the partitioner does not nest
     recomputations): a plan with nested regions compiles the plan without nesting at the

@@ -60,7 +60,7 @@ except ImportError:  # a torch without Inductor's partitioner hook: compile_modu
     CustomPartitionerFn = object  # type: ignore[assignment,misc]
     get_hash_for_files = None  # type: ignore[assignment]
 
-from chkpt_opt.codegen.runtime import CACHED_OP_ANNOTATION
+from chkpt_opt.codegen.runtime import CACHED_OP_ANNOTATION, CheckpointRegion, run_cached_traced
 from chkpt_opt.errors import ChkptOptError
 
 log = logging.getLogger(__name__)
@@ -225,9 +225,15 @@ class PlanPartitioner(CustomPartitionerFn):
     Attributes:
         records: one :class:`PartitionRecord` per graph partitioned (graphs served from
             PyTorch's compile caches are not partitioned again and add none).
+        cached_ops: the names of the ops the module's regions cache (set by
+            :func:`compile_module`). They are part of the cache key: the graph a region
+            traces is the same whichever of its ops are cached (the annotations live in
+            the nodes' meta), so without them PyTorch's compile caches would hand one
+            plan's partition to another.
     """
 
     records: list[PartitionRecord] = field(default_factory=list)
+    cached_ops: tuple[str, ...] = ()
 
     def __call__(
         self, gm: torch.fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
@@ -258,8 +264,22 @@ class PlanPartitioner(CustomPartitionerFn):
         return fw_module, bw_module
 
     def uuid(self) -> Any:
-        """Cache key of the partition: this file's contents (PyTorch's compile caches)."""
-        return get_hash_for_files((__file__,))
+        """Cache key of the partition (PyTorch's compile caches): this file's contents and
+        the cached ops."""
+        return get_hash_for_files((__file__,)) + ",".join(self.cached_ops).encode()
+
+
+def cached_op_names(module: torch.nn.Module) -> tuple[str, ...]:
+    """The ops that the checkpoint regions of ``module`` cache, sorted: those their flat
+    bodies (what ``torch.compile`` traces) call through ``run_cached_traced``."""
+    names = {
+        str(node.args[0])
+        for region in module.modules()
+        if isinstance(region, CheckpointRegion)
+        for node in region.flat_body.graph.nodes
+        if node.target is run_cached_traced
+    }
+    return tuple(sorted(names))
 
 
 def partitioner_hook_available() -> bool:
@@ -309,5 +329,7 @@ def compile_module(
             "backend='inductor', or without compile_module to let the backend partition."
         )
     compile_kwargs.setdefault("dynamic", False)
-    merged = {**(options or {}), "custom_partitioner_fn": partitioner or PlanPartitioner()}
+    partitioner = partitioner or PlanPartitioner()
+    partitioner.cached_ops = cached_op_names(module)
+    merged = {**(options or {}), "custom_partitioner_fn": partitioner}
     return torch.compile(module, backend="inductor", options=merged, **compile_kwargs)
