@@ -65,7 +65,10 @@ def test_the_block_search_returns_within_an_expired_limit(t5_graph: CostGraph) -
     assert result.stats["timed_out"] and result.solver == "hierarchical"
 
 
-@pytest.mark.parametrize("fraction", [0.9, 0.7])
+@pytest.mark.parametrize(
+    "fraction",
+    [pytest.param(0.9, marks=pytest.mark.slow), 0.7],  # 0.9: 22 s more
+)
 def test_the_pruned_search_incumbent_is_the_best_of_its_warm_starts(
     t5_graph: CostGraph, fraction: float
 ) -> None:

@@ -177,6 +177,7 @@ def test_never_costlier_than_the_keep_set_optimum() -> None:
     assert compared >= 10
 
 
+@pytest.mark.slow  # 24 s; test_general_solvers plans and measures the deep chain in CI
 def test_deep_chain_below_three_quarters_of_the_keep_set_floor_cheaper_than_nested() -> None:
     model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
     graph = chkpt_opt.trace(model, (x,))

@@ -549,6 +549,7 @@ def test_block_split_predicts_the_simulated_peak(gpt_graphs) -> None:
             assert predicted == simulate(graph, model.schedule(graph, chosen)).peak_bytes
 
 
+@pytest.mark.slow  # 17 s; the hierarchical solver's other tests run in CI
 def test_hierarchical_is_feasible_and_never_beats_the_exact_solver(gpt_graphs) -> None:
     graph = gpt_graphs[2]
     low = min_feasible_budget(graph)

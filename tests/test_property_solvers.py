@@ -236,6 +236,7 @@ def test_every_solver_on_small_random_dags(data: st.DataObject) -> None:
     check_consistent(graph, budget, results)
 
 
+@pytest.mark.slow  # 40 s; every solver meets the validity checker on small DAGs in CI
 @settings(
     max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
