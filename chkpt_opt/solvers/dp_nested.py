@@ -49,9 +49,9 @@ budget solve in 4-18 s, its smallest peak proven in 8 s
 objective serves a whole call, so the lowest-peak search reuses the frames of its earlier
 budgets: on the deep chain 28.5 k frames solved instead of 39.4 k, 0.81 ± 0.08 of the
 time, the VGG's searches unchanged within the noise, the same answers everywhere
-(``python benchmarks/dp_nested_speed.py --against b2bb4e4 --repeats 3``). (Before the run room was counted,
-the full solve took 15 s, and its plans with four levels of nesting measured up to 27% above
-their prediction.)
+(``python benchmarks/dp_nested_speed.py --against b2bb4e4 --repeats 3``). (Before the run
+room was counted, the full solve took 15 s, and its plans with four levels of nesting
+measured up to 27% above their prediction.)
 
 Out of time (``time_limit_s``), it returns the best schedule found so far (the coarse
 incumbent, or the lowest-peak one) with ``stats["timed_out"]`` and an honest status:
