@@ -13,7 +13,7 @@ from chkpt_opt import zoo
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import check_schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers import SolveResult, SolveStatus
+from chkpt_opt.solvers import SolveResult, SolveStatus, get_solver
 
 REL = 1e-9  # relative tolerance on compute costs (sums of floats in different orders)
 
@@ -77,6 +77,18 @@ def assert_valid_result(
         assert 0.0 <= result.gap <= 1.0, (name, result.gap)
     if result.proves_infeasible:
         assert result.status == SolveStatus.INFEASIBLE, name
+
+
+def deep_chain_at_three_quarters() -> tuple[torch.nn.Module, torch.Tensor, CostGraph, int, int]:
+    """The issue's deep chain (32 x ``Linear(256, 256)`` + ReLU, batch 4096): its model,
+    input, cost graph, resident bytes (parameters and input) and the whole-step budget at
+    three quarters of its smallest keep-set step budget."""
+    model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
+    graph = chkpt_opt.trace(model, (x,))
+    keep_set_min = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
+    static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
+    resident = static.param_bytes + static.input_bytes
+    return model, x, graph, resident, int(0.75 * (keep_set_min + resident))
 
 
 def budget_at(model: torch.nn.Module, args: tuple[Any, ...], fraction: float) -> int:

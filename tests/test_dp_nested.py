@@ -20,7 +20,7 @@ from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.dp_nested import predict
 from chkpt_opt.solvers.reference.general_enumerate import general_schedules
-from tests.conftest import assert_valid_result
+from tests.conftest import assert_valid_result, deep_chain_at_three_quarters
 from tests.general_schedules import random_general_schedule
 
 
@@ -179,12 +179,8 @@ def test_never_costlier_than_the_keep_set_optimum() -> None:
 
 @pytest.mark.slow  # 24 s; test_general_solvers plans and measures the deep chain in CI
 def test_deep_chain_below_three_quarters_of_the_keep_set_floor_cheaper_than_nested() -> None:
-    model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
-    graph = chkpt_opt.trace(model, (x,))
-    keep_set_min = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
-    static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
-    resident = static.param_bytes + static.input_bytes
-    budget = int(0.75 * (keep_set_min + resident)) - resident
+    _, _, graph, resident, step_budget = deep_chain_at_three_quarters()
+    budget = step_budget - resident
     heuristic = get_solver("nested")(graph, budget, time_limit_s=20)
     start = time.perf_counter()
     # The full solve takes about 80 s on 2 cores; within 20 s the coarse stages answer.

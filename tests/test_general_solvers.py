@@ -14,7 +14,7 @@ from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver
 from chkpt_opt.solvers.reference.general_enumerate import general_optimum, general_smallest_peak
-from tests.conftest import assert_valid_result
+from tests.conftest import assert_valid_result, deep_chain_at_three_quarters
 
 TINY = {
     "chain4": lambda: chain_graph(4, activation_bytes=1000),
@@ -96,12 +96,7 @@ def _measured_against_original(model, args, plan) -> tuple[int, bool]:
 
 
 def test_deep_chain_plans_at_three_quarters_of_the_smallest_keep_set_budget() -> None:
-    model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
-    graph = chkpt_opt.trace(model, (x,))
-    keep_set_min = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
-    static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
-    resident = static.param_bytes + static.input_bytes
-    budget = int(0.75 * (keep_set_min + resident))
+    model, x, _, resident, budget = deep_chain_at_three_quarters()
     general = get_solver("auto", general=True)
     plan = chkpt_opt.plan(
         model, (x,), budget=budget, optimizer=None, solver=general, time_limit_s=60
