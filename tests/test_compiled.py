@@ -212,6 +212,19 @@ def test_cached_ops_are_part_of_the_compile_cache_key() -> None:
     assert [p.cached_ops for p in partitioners] == names
     assert partitioners[0].uuid() != partitioners[1].uuid()
 
+    # torch.compile also takes a function: its cached ops are those of the modules it
+    # calls (the peers benchmark compiles a closure over the module; it crashed here).
+    inner = modules[0]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return inner(x)
+
+    assert cached_op_names(step) == (op,)
+    assert cached_op_names(modules[0].forward) == (op,)
+    partitioner = PlanPartitioner()
+    compile_module(step, partitioner=partitioner)
+    assert partitioner.cached_ops == (op,)
+
 
 def test_a_nested_plan_compiles_its_plan_without_nesting() -> None:
     """plan.compile() runs one level of regions (the partitioner does not nest

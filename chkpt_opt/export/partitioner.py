@@ -44,9 +44,10 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,17 +270,30 @@ class PlanPartitioner(CustomPartitionerFn):
         return get_hash_for_files((__file__,)) + ",".join(self.cached_ops).encode()
 
 
-def cached_op_names(module: torch.nn.Module) -> tuple[str, ...]:
-    """The ops that the checkpoint regions of ``module`` cache, sorted: those their flat
-    bodies (what ``torch.compile`` traces) call through ``run_cached_traced``."""
+def cached_op_names(target: torch.nn.Module | Callable[..., Any]) -> tuple[str, ...]:
+    """The ops that the checkpoint regions of ``target`` cache, sorted: those their flat
+    bodies (what ``torch.compile`` traces) call through ``run_cached_traced``. For a
+    function (what ``torch.compile`` also takes), the regions of the modules it refers to:
+    its closure, its globals and, for a bound method, its object."""
     names = {
         str(node.args[0])
+        for module in _modules_of(target)
         for region in module.modules()
         if isinstance(region, CheckpointRegion)
         for node in region.flat_body.graph.nodes
         if node.target is run_cached_traced
     }
     return tuple(sorted(names))
+
+
+def _modules_of(target: torch.nn.Module | Callable[..., Any]) -> list[torch.nn.Module]:
+    if isinstance(target, torch.nn.Module):
+        return [target]
+    found = [getattr(target, "__self__", None)]
+    if inspect.isfunction(target):
+        refs = inspect.getclosurevars(target)
+        found += [*refs.nonlocals.values(), *refs.globals.values()]
+    return [m for m in found if isinstance(m, torch.nn.Module)]
 
 
 def partitioner_hook_available() -> bool:
@@ -290,7 +304,7 @@ def partitioner_hook_available() -> bool:
 
 
 def compile_module(
-    module: torch.nn.Module,
+    module: torch.nn.Module | Callable[..., Any],
     *,
     partitioner: PlanPartitioner | None = None,
     options: dict[str, Any] | None = None,
@@ -301,7 +315,8 @@ def compile_module(
     Args:
         module: a module from ``plan.apply(for_compile=True)`` or
             ``chkpt_opt.apply(..., for_compile=True)`` (any module whose recompute regions
-            are non-reentrant checkpoints works).
+            are non-reentrant checkpoints works), or a function that calls such modules
+            (they are found through its closure and globals, for the compile cache key).
         partitioner: the partitioner to use (pass one to read its ``records``).
         options: further Inductor options.
         compile_kwargs: passed to ``torch.compile`` (``dynamic`` defaults to False: a plan
