@@ -17,6 +17,7 @@ from chkpt_opt.graphs.costgraph import (
 from chkpt_opt.op_sequence import lower, replayed_ops
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
+from chkpt_opt.solvers.interval_cache import CacheColumns
 from chkpt_opt.solvers.interval_model import Holder, Interval, IntervalModel, Lifetime
 
 
@@ -26,6 +27,7 @@ def build_interval_model(
     positions: Sequence[int] | None = None,
     segments: Sequence[int] = (),
     max_cost_s: float | None = None,
+    cache: str = "none",
     deadline: Deadline = NO_DEADLINE,
 ) -> IntervalModel:
     """Precomputes the interval model of ``graph``.
@@ -38,16 +40,22 @@ def build_interval_model(
             used by the hierarchical solver to keep regions inside blocks.
         max_cost_s: leave out every interval whose recompute time exceeds this (see the
             module docstring); None keeps all.
+        cache: ``"none"`` (keep-set regions only), or the cache columns to add
+            (``"ranked"`` or ``"subsets"``, see :mod:`chkpt_opt.solvers.interval_cache`).
         deadline: the build stops with
             :class:`~chkpt_opt.solvers.deadline.DeadlineExceeded` once it has expired.
 
     Raises:
-        SolverError: if ``positions`` holds a position that is not an allowed cut.
+        SolverError: if ``positions`` holds a position that is not an allowed cut, or
+            ``cache`` is not a cache mode.
         DeadlineExceeded: if the build runs past ``deadline``.
     """
     if max_cost_s is not None and not max_cost_s >= 0:
         raise SolverError(f"max_cost_s must be a number >= 0, got {max_cost_s!r}.")
-    return _Builder(graph, positions, segments, max_cost_s, deadline).build()
+    builder = _Builder(graph, positions, segments, max_cost_s, deadline)
+    if cache != "none":
+        builder.cache = CacheColumns(graph, cache)
+    return builder.build()
 
 
 def _last_before(flags: list[bool]) -> list[int]:
@@ -70,6 +78,7 @@ class _Builder:
         deadline: Deadline = NO_DEADLINE,
     ) -> None:
         self.graph = graph
+        self.cache: CacheColumns | None = None
         self.max_cost_s = max_cost_s
         self.deadline = deadline
         self.nodes = graph.nodes
@@ -223,25 +232,42 @@ class _Builder:
                         attrs[i]["fwd_time_s"] for i in range(a, last_replayed + 1)
                     )
                 cost = cost_cache[a, last_replayed] + overhead
-                if cost > cap:
+                floor = cost
+                if self.cache is not None:
+                    floor = self.cache.floor_cost_s(a, last_replayed) + overhead
+                if floor > cap:
                     break  # a later stop replays at least these ops: it costs at least as much
                 last_saver = last_saver_before[b] if last_saver_before[b] >= a else a
                 key = (a, last_replayed, last_saver)
                 if key not in replay_cache:
-                    replay_cache[key] = self._replay(a, last_replayed, last_saver)
+                    replay_cache[key] = self.replay_bytes(a, last_replayed, last_saver)
                 peak, held = replay_cache[key]
                 replay_slot = self.slot_index[("recompute", self.order[trigger])]
-                intervals.append(Interval(a, b, cost, replay_slot, release, peak, held))
+                base = Interval(a, b, cost, replay_slot, release, peak, held)
+                if cost <= cap:
+                    intervals.append(base)
+                if self.cache is not None:
+                    intervals += self.cache.columns(
+                        self, base, last_replayed, last_saver, len(intervals), cap
+                    )
         self.intervals = intervals
 
-    def _replay(
-        self, a: int, last: int, last_saver: int
+    def replay_bytes(
+        self,
+        a: int,
+        last: int,
+        last_saver: int,
+        cached: frozenset[int] = frozenset(),
+        cached_alive: tuple[tuple[int, int], ...] = (),
     ) -> tuple[int, tuple[tuple[int, int], ...]]:
         """Peak bytes of the replay of ops ``a..last`` and what outlives it.
 
         Savers up to ``last_saver`` hold the recomputed storages of owners inside the region
         until their ``kept_until``; a storage that an op after the replay reads lives to the
-        end of the replay.
+        end of the replay. The ops in ``cached`` do not run (no step, no fresh storage, no
+        reads); ``cached_alive`` lists ``(last op index, bytes)`` of the cached storages
+        alive from the replay's first step to that op's step
+        (:mod:`chkpt_opt.solvers.interval_cache` finds them).
         """
         owner_idx = self.owner_idx
         steps = range(a, last + 1)
@@ -249,6 +275,8 @@ class _Builder:
         born: dict[str, int] = {}
         last_read: dict[str, int] = {}
         for i in steps:
+            if i in cached:
+                continue
             attrs = self.attrs[i]
             for sid, nbytes in attrs["outputs"].items():
                 size[sid], born[sid] = nbytes, i
@@ -272,11 +300,15 @@ class _Builder:
             if until >= born[sid]:
                 delta[born[sid] - a] += nbytes
                 delta[min(until, last) - a + 1] -= nbytes
+        for until, nbytes in cached_alive:
+            delta[0] += nbytes
+            delta[until - a + 1] -= nbytes
         peak = 0
         alive = 0
         for i in steps:
             alive += delta[i - a]
-            peak = max(peak, alive + self.attrs[i]["fwd_workspace_bytes"])
+            if i not in cached:
+                peak = max(peak, alive + self.attrs[i]["fwd_workspace_bytes"])
         by_end: dict[int, int] = {}
         for sid, last in held.items():
             by_end[last] = by_end.get(last, 0) + size[sid]
@@ -317,6 +349,15 @@ class _Builder:
                 containing[i].append(k)
         lifetimes: list[Lifetime] = []
         base = self.base
+        cache_holders: dict[str, list[Holder]] = {}
+        if self.cache is not None:
+            by_storage: dict[tuple[str, int], list[tuple[int, int]]] = {}
+            for hold in self.cache.holds:
+                by_storage.setdefault((hold.storage, hold.owner), []).append(
+                    (hold.interval, hold.last_slot)
+                )
+            for (sid, k), ends_by_column in sorted(by_storage.items()):
+                cache_holders.setdefault(sid, []).append(Holder(k, None, tuple(ends_by_column)))
         for sid in sorted(size, key=lambda s: (alloc[s], s)):
             self.check_deadline("lifetimes")
             o = self.owner_idx[sid]
@@ -325,8 +366,8 @@ class _Builder:
             if fixed >= self.end:
                 continue
             savers = set(saved_by.get(sid, ()))
-            holders = []
-            ends: set[int] = set()
+            holders = list(cache_holders.get(sid, ()))
+            ends: set[int] = {e for h in holders for _, e in h.region_ends}
             for i in sorted(savers | set(read_by.get(sid, ()))):
                 outside = self.kept(i) if i in savers else None
                 if outside is not None and outside <= fixed:
@@ -364,4 +405,5 @@ class _Builder:
             complete=self.complete,
             max_cost_s=self.max_cost_s,
             total_fwd_s=sum(self.nodes[v]["fwd_time_s"] for v in self.order),
+            cache=self.cache.mode if self.cache is not None else "none",
         )

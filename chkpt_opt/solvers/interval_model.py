@@ -54,6 +54,7 @@ builder stops extending a start at the first interval over the cap and never bui
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -76,6 +77,9 @@ class Interval:
         replay_peak_bytes: peak of the replay's own storages and transients over its steps.
         held_after_replay: ``(last slot, bytes)`` of recomputed storages that outlive the
             replay; they are alive from ``replay_slot + 1`` to ``last slot``.
+        cached: indices of the ops the region caches (a selective-checkpoint ``MUST_SAVE``);
+            empty for a keep-set region. A model built with cache columns
+            (:mod:`chkpt_opt.solvers.interval_cache`) has several intervals per span.
     """
 
     start: int
@@ -85,6 +89,7 @@ class Interval:
     release_slot: int
     replay_peak_bytes: int
     held_after_replay: tuple[tuple[int, int], ...]
+    cached: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,9 @@ class Holder:
         outside_end: last slot the op holds the storage when it lies outside every region (it
             saves it), or None when it then holds it no longer than its forward step.
         region_ends: ``(interval id, last slot)`` for every candidate interval that contains the
-            op but not the storage's owner: the region holds the storage until its release.
+            op but not the storage's owner: the region holds the storage until its release;
+            or, for the owner of a storage a cache column caches, that column and the last
+            slot its cache (or the savers of its recomputation) hold the storage.
     """
 
     node: int
@@ -161,6 +168,8 @@ class IntervalModel:
         total_fwd_s: forward time of all ops (no schedule recomputes more).
         max_cost_s: intervals whose recompute time exceeds this were left out (None: none
             were); the model is then exact only for schedules costing at most this.
+        cache: the cache columns it holds (:mod:`chkpt_opt.solvers.interval_cache`):
+            ``"none"`` (keep-set regions only), ``"ranked"`` or ``"subsets"``.
     """
 
     n_ops: int
@@ -174,6 +183,7 @@ class IntervalModel:
     complete: bool
     total_fwd_s: float
     max_cost_s: float | None = None
+    cache: str = "none"
 
     @property
     def n_slots(self) -> int:
@@ -181,12 +191,13 @@ class IntervalModel:
         return len(self.slots)
 
     def interval_ids(self, spans: Iterable[tuple[int, int]]) -> list[int]:
-        """Ids of the candidate intervals with the given ``[start, stop)`` spans.
+        """Ids of the candidate intervals with the given ``[start, stop)`` spans (the column
+        that caches nothing, where a span has several).
 
         Raises:
             ScheduleError: for a span that is not a candidate interval of this model.
         """
-        index = {(iv.start, iv.stop): k for k, iv in enumerate(self.intervals)}
+        index = {(iv.start, iv.stop): k for k, iv in enumerate(self.intervals) if not iv.cached}
         ids = []
         for span in spans:
             if span not in index:
@@ -199,9 +210,12 @@ class IntervalModel:
         return ids
 
     def schedule(self, graph: CostGraph, chosen: Iterable[int]) -> Schedule:
-        """The schedule whose regions are the chosen intervals."""
+        """The schedule whose regions are the chosen intervals, with the ops they cache."""
+        chosen = list(chosen)
         spans = sorted((self.intervals[k].start, self.intervals[k].stop) for k in chosen)
-        return Schedule.from_spans(graph, spans)
+        cached = frozenset(self.nodes[i] for k in chosen for i in self.intervals[k].cached)
+        schedule = Schedule.from_spans(graph, spans)
+        return dataclasses.replace(schedule, saved=cached) if cached else schedule
 
     def cost_s(self, chosen: Iterable[int]) -> float:
         """Recompute time of the chosen intervals."""
