@@ -86,6 +86,7 @@ _BUILTIN = (
     "nested",
     "caching",
     "dp_nested",
+    "milp_cached",
 )
 _UNAVAILABLE: dict[str, str] = {}
 

@@ -9,7 +9,7 @@ Tests compare the general-space solvers with it; it is not a registered solver.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
@@ -48,10 +48,11 @@ def _laminar(cuts: list[int], lo: int, hi: int, proper: bool) -> Iterator[list[S
 
 
 def general_schedules(
-    graph: CostGraph, *, max_schedules: int = 200_000, cache: bool = True
+    graph: CostGraph, *, max_schedules: int = 200_000, cache: bool = True, nesting: bool = True
 ) -> Iterator[Schedule]:
     """Every valid general schedule of ``graph`` (raises past ``max_schedules``); with
-    ``cache=False`` only those that cache nothing (nested regions alone)."""
+    ``cache=False`` only those that cache nothing (nested regions alone), with
+    ``nesting=False`` only those with one level of regions."""
     order = ordered_nodes(graph)
     ok = cut_positions(graph)
     cuts = [p for p in range(len(order) + 1) if ok[p]]
@@ -61,6 +62,8 @@ def general_schedules(
         outer = [
             s for s in family if not any(o[0] <= s[0] and s[1] <= o[1] and o != s for o in family)
         ]
+        if not nesting and len(outer) < len(family):
+            continue
         base = Schedule(
             regions=tuple(tuple(order[a:b]) for a, b in outer),
             nested=tuple(tuple(order[a:b]) for a, b in family if (a, b) not in outer),
@@ -80,12 +83,20 @@ def general_schedules(
 
 
 def general_optimum(
-    graph: CostGraph, budget_bytes: int, *, cache: bool = True
+    graph: CostGraph,
+    budget_bytes: int,
+    *,
+    cache: bool = True,
+    nesting: bool = True,
+    within: Callable[[Schedule], bool] | None = None,
 ) -> tuple[Schedule, MemoryProfile] | None:
     """The cheapest general schedule within ``budget_bytes`` (ties: lower peak), or None;
-    ``cache=False``: among those that cache nothing."""
+    ``cache=False``: among those that cache nothing; ``nesting=False``: among those with
+    one level of regions; ``within``: among those it accepts."""
     best: tuple[Schedule, MemoryProfile] | None = None
-    for schedule in general_schedules(graph, cache=cache):
+    for schedule in general_schedules(graph, cache=cache, nesting=nesting):
+        if within is not None and not within(schedule):
+            continue
         profile = simulate(graph, schedule, check=False)
         if profile.peak_bytes > budget_bytes:
             continue
