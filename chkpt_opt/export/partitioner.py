@@ -29,7 +29,9 @@ policy before handing the graph to the min-cut partitioner, which honours the ta
 * every other op inside a region: ``MUST_RECOMPUTE``.
 
 Backward nodes are matched to the forward op they differentiate by autograd's sequence
-number (``seq_nr``), which AOTAutograd copies onto both. Regions are the checkpoint regions
+number (``seq_nr``), which AOTAutograd copies onto both; a forward op that creates no
+autograd node (a buffer update) carries the number of the op before it, so a number belongs
+to the first forward node that carries it. Regions are the checkpoint regions
 of the compiled module (``ac_graph_id``), so any module whose recompute regions are
 non-reentrant checkpoints is honoured, not only a chkpt_opt plan.
 
@@ -103,6 +105,24 @@ def _storage_owner(node: torch.fx.Node, op_types: Any) -> torch.fx.Node:
     return node
 
 
+def _seq_owners(graph: torch.fx.Graph, forward: set[torch.fx.Node]) -> dict[Any, torch.fx.Node]:
+    """The forward node that owns each ``seq_nr``: the first one carrying it.
+
+    A forward node carries the sequence number of the last autograd node created when it
+    was traced, so an op that creates none (an update of a buffer such as batch norm's
+    ``num_batches_tracked += 1``, a view) carries the number of the differentiable op
+    before it; all nodes of a decomposed op carry its number. The backward nodes with that
+    number differentiate the first forward node carrying it. Matching by every forward node
+    that carries it would count the buffer update right after a region as the owner of the
+    backward of the region's last op, and keep that op's inputs.
+    """
+    owners: dict[Any, torch.fx.Node] = {}
+    for node in graph.nodes:
+        if node in forward and "seq_nr" in node.meta:
+            owners.setdefault(node.meta["seq_nr"], node)
+    return owners
+
+
 def kept_region_outputs(graph: torch.fx.Graph, forward: set[torch.fx.Node]) -> set[torch.fx.Node]:
     """The storage owners of region outputs that eager keeps for the backward pass.
 
@@ -111,7 +131,8 @@ def kept_region_outputs(graph: torch.fx.Graph, forward: set[torch.fx.Node]) -> s
             ``ac_graph_id`` in the nodes' meta).
         forward: the nodes the forward pass computes.
     """
-    outside_seq = {n.meta["seq_nr"] for n in forward if "seq_nr" in n.meta and not _in_region(n)}
+    owners = _seq_owners(graph, forward)
+    outside_seq = {seq for seq, owner in owners.items() if not _in_region(owner)}
     op_types = partitioners.get_default_op_list()
     kept: set[torch.fx.Node] = set()
     for node in graph.nodes:
