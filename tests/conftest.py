@@ -3,6 +3,7 @@ sizes, the validity check of a solver result, budgets between two peaks of a mod
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -96,3 +97,21 @@ def budget_at(model: torch.nn.Module, args: tuple[Any, ...], fraction: float) ->
     store-everything forward/backward peak."""
     full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
     return full.static.resident_bytes + int(full.profile.peak_bytes * fraction)
+
+
+def random_interval_choice(model: Any, rng: random.Random) -> list[int]:
+    """Disjoint candidate intervals of an interval model, drawn at random (each interval
+    starting at a position as likely as any other: cache columns included)."""
+    by_start: dict[int, list[int]] = {}
+    for k, iv in enumerate(model.intervals):
+        by_start.setdefault(iv.start, []).append(k)
+    chosen, p = [], 0
+    while p < model.n_ops:
+        options = by_start.get(p, [])
+        if options and rng.random() < 0.5:
+            k = rng.choice(options)
+            chosen.append(k)
+            p = model.intervals[k].stop
+        else:
+            p += 1
+    return chosen

@@ -117,9 +117,9 @@ def test_compiled_gradients_match_eager() -> None:
         torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-6)
 
 
-def test_partitioner_records_each_graph_it_partitions() -> None:
-    model, args, _ = _chain()
-    plan = _plan_at((model, args, None), 0.6)
+def _records_of_one_step(plan: chkpt_opt.Plan, args: tuple) -> list:
+    """The partition records of ``plan`` compiled with the plan partitioner, after one
+    step with the autograd cache off (so that the partitioner runs)."""
     partitioner = PlanPartitioner()
     compiled = compile_module(plan.apply(for_compile=True), partitioner=partitioner)
     with (
@@ -127,7 +127,13 @@ def test_partitioner_records_each_graph_it_partitions() -> None:
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         run_step(compiled, args, {})
-    (record,) = partitioner.records
+    return partitioner.records
+
+
+def test_partitioner_records_each_graph_it_partitions() -> None:
+    model, args, _ = _chain()
+    plan = _plan_at((model, args, None), 0.6)
+    (record,) = _records_of_one_step(plan, args)
     assert record.recomputed_ops > 0 and record.saved_ops > 0
     assert record.forward_ops == record.saved_ops + record.recomputed_ops
 
@@ -344,13 +350,6 @@ def test_a_buffer_update_after_a_region_does_not_keep_what_the_region_recomputes
         result=dataclasses.replace(keep_all.result, schedule=schedule),
         profile=simulate(graph, schedule),
     )
-    partitioner = PlanPartitioner()
-    compiled = compile_module(plan.apply(for_compile=True), partitioner=partitioner)
-    with (
-        preserved_state(plan.traced.captured.module),
-        torch._functorch.config.patch(enable_autograd_cache=False),
-    ):
-        run_step(compiled, args, {})
-    (record,) = partitioner.records
+    (record,) = _records_of_one_step(plan, args)
     assert record.kept_region_ops == 1  # the conv's output, which the next batch norm saves
     assert record.saved_bytes <= planned_saved_bytes(plan)

@@ -31,7 +31,7 @@ from chkpt_opt.solvers.enumerate import (
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_model import simulator_slot_bytes
 from chkpt_opt.solvers.reference.bounds import max_saving, min_feasible_budget
-from tests.conftest import REL, assert_valid_result
+from tests.conftest import REL, assert_valid_result, random_interval_choice
 
 SOLVERS_DIR = Path(__file__).resolve().parents[1] / "chkpt_opt" / "solvers"
 
@@ -168,27 +168,11 @@ def _all_small_graphs(traced: list[CostGraph]) -> list[CostGraph]:
 # -- the interval model ------------------------------------------------------------------
 
 
-def _random_choice(model, rng: random.Random) -> list[int]:
-    by_start: dict[int, list[int]] = {}
-    for k, iv in enumerate(model.intervals):
-        by_start.setdefault(iv.start, []).append(k)
-    chosen, p = [], 0
-    while p < model.n_ops:
-        options = by_start.get(p, [])
-        if options and rng.random() < 0.5:
-            k = rng.choice(options)
-            chosen.append(k)
-            p = model.intervals[k].stop
-        else:
-            p += 1
-    return chosen
-
-
 def _check_model(graph: CostGraph, n_schedules: int, rng: random.Random) -> int:
     model = build_interval_model(graph)
     checked = 0
     for trial in range(n_schedules):
-        chosen = [] if trial == 0 else _random_choice(model, rng)
+        chosen = [] if trial == 0 else random_interval_choice(model, rng)
         schedule = model.schedule(graph, chosen)
         profile = simulate(graph, schedule)
         predicted = model.slot_bytes(chosen)
@@ -230,7 +214,7 @@ def test_interval_model_restricted_positions() -> None:
     }
     rng = random.Random(2)
     for _ in range(20):
-        chosen = _random_choice(model, rng)
+        chosen = random_interval_choice(model, rng)
         profile = simulate(graph, model.schedule(graph, chosen))
         assert model.peak_bytes(chosen) == profile.peak_bytes
 
@@ -539,7 +523,7 @@ def test_block_split_predicts_the_simulated_peak(gpt_graphs) -> None:
         model = build_interval_model(graph, segments=blocks.bounds)
         segments = split_model(model, blocks)
         for _ in range(15):
-            chosen = _random_choice(model, rng)
+            chosen = random_interval_choice(model, rng)
             kept, predicted = 0, 0
             for seg in segments:
                 mine = [k for k in chosen if seg.lo <= model.intervals[k].start < seg.hi]

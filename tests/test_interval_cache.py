@@ -16,28 +16,11 @@ from chkpt_opt.schedule import check_schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_cache import CacheColumns
-from chkpt_opt.solvers.interval_model import IntervalModel, simulator_slot_bytes
+from chkpt_opt.solvers.interval_model import simulator_slot_bytes
 from chkpt_opt.solvers.reference.general_enumerate import general_schedules
-from tests.conftest import REL
+from tests.conftest import REL, random_interval_choice
 
 CORPUS = Path(__file__).resolve().parent.parent / "graphs"
-
-
-def _random_choice(model: IntervalModel, rng: random.Random) -> list[int]:
-    """Disjoint intervals, each column of a span as likely as any other."""
-    by_start: dict[int, list[int]] = {}
-    for k, iv in enumerate(model.intervals):
-        by_start.setdefault(iv.start, []).append(k)
-    chosen, p = [], 0
-    while p < model.n_ops:
-        options = by_start.get(p, [])
-        if options and rng.random() < 0.5:
-            k = rng.choice(options)
-            chosen.append(k)
-            p = model.intervals[k].stop
-        else:
-            p += 1
-    return chosen
 
 
 def _check(graph: CostGraph, cache: str, n_schedules: int, rng: random.Random) -> int:
@@ -46,7 +29,7 @@ def _check(graph: CostGraph, cache: str, n_schedules: int, rng: random.Random) -
     assert model.cache == cache
     cached = 0
     for _ in range(n_schedules):
-        chosen = _random_choice(model, rng)
+        chosen = random_interval_choice(model, rng)
         schedule = model.schedule(graph, chosen)
         check_schedule(graph, schedule)
         cached += bool(schedule.saved)

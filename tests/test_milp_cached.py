@@ -96,14 +96,18 @@ def test_on_a_conv_net_it_is_never_above_the_keep_set_optimum(fraction: float) -
 
 
 def test_a_time_limit_is_kept_with_the_keep_set_result_at_least() -> None:
+    """At 0.7 of encoder_small's peak the columns' program takes minutes: out of time, the
+    result is the keep-set stage's (how far that stage gets in its 30% depends on the
+    machine's load), never worse, and not called optimal."""
     graph = load_graph(CORPUS / "encoder_small.json")
     budget = int(simulate(graph, Schedule()).peak_bytes * 0.7)
-    keep = get_solver("milp")(graph, budget, time_limit_s=30)
     start = time.perf_counter()
     result = get_solver("milp_cached")(graph, budget, time_limit_s=4)
     assert time.perf_counter() - start < 4 + 3
     assert_valid_result(graph, result, budget)
-    assert result.feasible and result.objective <= keep.objective * (1 + REL)
+    keep = result.stats["keep_set"]
+    assert result.feasible and result.objective <= keep["objective_s"] * (1 + REL)
+    assert result.status == SolveStatus.FEASIBLE
 
 
 def test_bad_settings_are_refused() -> None:

@@ -67,6 +67,10 @@ class ReplayCounter(Protocol):
         """``kept_until`` of op ``i`` as a slot."""
         ...
 
+    def check_deadline(self, what: str) -> None:
+        """Raises DeadlineExceeded once the build's deadline has passed."""
+        ...
+
     def replay_bytes(
         self,
         a: int,
@@ -207,6 +211,7 @@ class CacheColumns:
         found: list[Interval] = []
         a = base.start
         for cached in self.cached_sets(self.candidates(a, base.stop, last)):
+            builder.check_deadline("cache columns")
             cost = base.cost_s - sum(self.fwd_time_s[i] for i in cached)
             if cost > max_cost_s:
                 continue

@@ -10,10 +10,8 @@ from dataclasses import dataclass
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, solve_milp
+from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
 from chkpt_opt.solvers.flat import solve_flat
-from chkpt_opt.solvers.interval_program import IntervalProgram
-from chkpt_opt.solvers.judge import Outcome
 from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.pruned_search import PrunedSearch
 from chkpt_opt.solvers.registry import register
@@ -54,25 +52,9 @@ class MilpSolver:
             graph,
             budget_bytes,
             deadline=deadline,
-            engine=self._engine,
+            engine=milp_engine(self.backend, self.seed),
             max_positions=self.max_positions,
             pruned=pruned if self.prune else None,
             warm_start_hint=self.warm_start,
             lowest_settings={"seed": self.seed},
-        )
-
-    def _engine(
-        self,
-        program: IntervalProgram,
-        budget_bytes: int,
-        hint_ids: list[int] | None,
-        deadline: Deadline,
-    ) -> Outcome:
-        return solve_milp(
-            program,
-            budget_bytes,
-            backend=self.backend,
-            seed=self.seed,
-            hint_ids=hint_ids,
-            deadline=deadline,
         )

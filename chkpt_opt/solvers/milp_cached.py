@@ -34,13 +34,12 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
-from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, solve_milp
-from chkpt_opt.solvers.flat import solve_flat
+from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
+from chkpt_opt.solvers.flat import solve_flat, with_lowest_peak
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_cache import CACHE_MODES
-from chkpt_opt.solvers.interval_program import IntervalProgram, build_program
-from chkpt_opt.solvers.judge import Outcome, finish, record_lowest
-from chkpt_opt.solvers.lowest_peak import lowest_peak
+from chkpt_opt.solvers.interval_program import build_program
+from chkpt_opt.solvers.judge import finish
 from chkpt_opt.solvers.prepare import (
     DEFAULT_MAX_POSITIONS,
     Prepared,
@@ -108,7 +107,7 @@ class MilpCachedSolver:
             graph,
             budget_bytes,
             deadline=deadline.share(KEEP_SET_SHARE),
-            engine=self._engine,
+            engine=milp_engine(self.backend, self.seed),
             max_positions=self.max_positions,
             pruned=None,
             warm_start_hint=self.warm_start,
@@ -124,29 +123,12 @@ class MilpCachedSolver:
                 proves_infeasible=False,
                 solve_s=deadline.elapsed_s(),
             )
-            return dataclasses.replace(
-                timed_out, stats={"timed_out": str(err), "chosen_from": "keep_set"}
-            )
+            stats = {"timed_out": str(err), "cache": self.cache, "keep_set": keep_summary(keep)}
+            return dataclasses.replace(timed_out, stats=stats)
         stats = {**result.stats, "cache": self.cache, "keep_set": keep_summary(keep)}
         if result.proven:
             stats.update(space)
         return dataclasses.replace(result, stats=stats)
-
-    def _engine(
-        self,
-        program: IntervalProgram,
-        budget_bytes: int,
-        hint_ids: list[int] | None,
-        deadline: Deadline,
-    ) -> Outcome:
-        return solve_milp(
-            program,
-            budget_bytes,
-            backend=self.backend,
-            seed=self.seed,
-            hint_ids=hint_ids,
-            deadline=deadline,
-        )
 
     def _solve(
         self, graph: CostGraph, budget_bytes: int, keep: SolveResult, deadline: Deadline
@@ -161,20 +143,13 @@ class MilpCachedSolver:
         )
         program = build_program(model, deadline=deadline)
         prepared = Prepared(model, program, time.perf_counter() - start)
-        outcome = self._engine(
+        outcome = milp_engine(self.backend, self.seed)(
             program,
             budget_bytes,
             hint_ids(graph, model, keep) if self.warm_start else None,
             deadline,
         )
-        lowest = None
-        if outcome.proven_infeasible:
-            stats = dict(outcome.stats)
-            schedule, profile, lower, proven = lowest_peak(
-                graph, prepared, deadline=deadline, seed=self.seed
-            )
-            lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
-            outcome = dataclasses.replace(outcome, stats=stats)
+        outcome, lowest = with_lowest_peak(graph, prepared, outcome, deadline, {"seed": self.seed})
         return finish(
             graph,
             budget_bytes,

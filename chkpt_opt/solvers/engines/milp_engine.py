@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ortools.linear_solver import pywraplp
@@ -244,3 +245,19 @@ _STATUS = {
     pywraplp.Solver.NOT_SOLVED: "NOT_SOLVED",
     UNKNOWN_STATUS: "UNKNOWN (a limit was reached; OR-Tools' HiGHS interface returns no incumbent)",
 }
+
+
+def milp_engine(
+    backend: str = DEFAULT_BACKEND, seed: int = 0
+) -> Callable[[IntervalProgram, int, list[int] | None, Deadline], Outcome]:
+    """:func:`solve_milp` with its settings bound, as the flat front-ends call an engine:
+    ``engine(program, budget_bytes, hint_ids, deadline)``."""
+
+    def engine(
+        program: IntervalProgram, budget_bytes: int, hint_ids: list[int] | None, deadline: Deadline
+    ) -> Outcome:
+        return solve_milp(
+            program, budget_bytes, backend=backend, seed=seed, hint_ids=hint_ids, deadline=deadline
+        )
+
+    return engine
