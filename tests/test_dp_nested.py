@@ -136,7 +136,12 @@ def _brute_force_cases() -> list[tuple[str, CostGraph]]:
 
 
 @pytest.mark.parametrize(
-    "name,graph", _brute_force_cases(), ids=lambda v: v if isinstance(v, str) else ""
+    "name,graph",
+    [
+        # units7 (6 ops, 18 s: the largest brute force of the list) runs with -m slow
+        pytest.param(name, graph, id=name, marks=[pytest.mark.slow] if name == "units7" else [])
+        for name, graph in _brute_force_cases()
+    ],
 )
 def test_dp_optimum_equals_the_brute_force_optimum_without_caching(
     name: str, graph: CostGraph
