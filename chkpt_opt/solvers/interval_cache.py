@@ -210,7 +210,15 @@ class CacheColumns:
         assert base.replay_slot is not None
         found: list[Interval] = []
         a = base.start
-        for cached in self.cached_sets(self.candidates(a, base.stop, last)):
+        candidates = self.candidates(a, base.stop, last)
+        # The last backward slot of the region's savers of each candidate's storages (the
+        # same for every column of the span).
+        saver_end: dict[str, int] = {}
+        for j in range(a, last_saver + 1):
+            for sid in builder.attrs[j]["saved"]:
+                if any(sid in self.owned[k] for k in candidates):
+                    saver_end[sid] = max(saver_end.get(sid, -1), builder.kept(j))
+        for cached in self.cached_sets(candidates):
             builder.check_deadline("cache columns")
             cost = base.cost_s - sum(self.fwd_time_s[i] for i in cached)
             if cost > max_cost_s:
@@ -220,13 +228,8 @@ class CacheColumns:
             interval_id = first_id + len(found)
             for k in sorted(cached):
                 for sid, nbytes in self.owned[k].items():
-                    savers = [
-                        builder.kept(j)
-                        for j in range(a, last_saver + 1)
-                        if sid in builder.attrs[j]["saved"]
-                    ]
-                    if savers:
-                        holds.append(CacheHold(sid, k, interval_id, max(savers)))
+                    if sid in saver_end:
+                        holds.append(CacheHold(sid, k, interval_id, saver_end[sid]))
                         continue
                     holds.append(CacheHold(sid, k, interval_id, base.replay_slot - 1))
                     until = self._until_in_replay(builder, a, last, k, sid, cached)

@@ -16,7 +16,7 @@ any subset, on graphs whose regions have at most 10 such ops), within the model'
 (:mod:`~chkpt_opt.solvers.interval_cache`); ``stats["optimal_over"]`` says so. That space
 holds every keep-set schedule, so the optimum is never costlier than the keep-set optimum.
 Regions are restricted to the cuts of :func:`~chkpt_opt.solvers.prepare.candidate_positions`
-on graphs with more than ``max_positions`` allowed cuts (then never ``optimal``). The model
+on graphs with more than ``max_positions`` allowed cuts (then never ``optimal``). The solver
 first solves for the keep-set optimum (the interval program without columns, in at most
 30% of the time limit): the warm start, the result when the columns' program finds
 nothing better in time, and the cost cap of the columns (exact: no region of a cheaper
@@ -74,7 +74,8 @@ class MilpCachedSolver:
         seed: backend random seed.
         max_positions: above this many allowed cut positions, regions are restricted to a
             candidate subset of cuts (never ``optimal`` then); None: every cut.
-        warm_start: hint the greedy schedule (where the backend takes hints).
+        warm_start: hint the greedy schedule to the keep-set stage, and the keep-set
+            stage's schedule to the columns' program (where the backend takes hints).
     """
 
     cache: str = "ranked"
