@@ -83,12 +83,24 @@ def nested_side_by_side(graph, budget: int, time_limit_s: float) -> dict:
     return row
 
 
-def corpus(time_limit_s: float, out: Path, max_ops: int, dp_nested: bool = False) -> list[dict]:
+def corpus(
+    time_limit_s: float,
+    out: Path,
+    ops: tuple[int, int],
+    command: str,
+    dp_nested: bool = False,
+    earlier_command: str = "",
+) -> list[dict]:
+    """The corpus part over the graphs whose op counts lie in ``ops`` (inclusive); the rows
+    of the other graphs stay in ``corpus.csv`` as they were, each row naming the command
+    that made it (``earlier_command`` for rows from before that column)."""
     rows = []
+    ran: set[str] = set()
     for path in sorted((ROOT / "graphs").glob("*.json")):
         graph = load_graph(path)
-        if graph.number_of_nodes() > max_ops:
+        if not ops[0] <= graph.number_of_nodes() <= ops[1]:
             continue
+        ran.add(path.stem)
         keep_all = simulate(graph, Schedule()).peak_bytes
         mins, lowers = {}, {}
         for space, general in (("keep_set", False), ("general", True)):
@@ -104,6 +116,7 @@ def corpus(time_limit_s: float, out: Path, max_ops: int, dp_nested: bool = False
         for fraction in BUDGETS:
             budget = int(keep_all * fraction)
             row = {"graph": path.stem, "nodes": graph.number_of_nodes(), "fraction": fraction}
+            row["command"] = command
             for space, general in (("keep_set", False), ("general", True)):
                 start = time.perf_counter()
                 result = get_solver("auto", general=general)(
@@ -117,7 +130,18 @@ def corpus(time_limit_s: float, out: Path, max_ops: int, dp_nested: bool = False
                 row.update(nested_side_by_side(graph, budget, time_limit_s))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    with open(out / "corpus.csv", "w", newline="") as f:
+    path = out / "corpus.csv"
+    if path.exists():
+        with open(path, newline="") as f:
+            kept = [r for r in csv.DictReader(f) if r["graph"] not in ran]
+        for r in kept:
+            r["command"] = r.get("command") or earlier_command
+        order = {b: k for k, b in enumerate(BUDGETS)}
+        rows = sorted(
+            [*kept, *rows],
+            key=lambda r: (int(r["nodes"]), r["graph"], order.get(float(r["fraction"]), 9)),
+        )
+    with open(path, "w", newline="") as f:
         fields = list(dict.fromkeys(k for row in rows for k in row))
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
@@ -286,6 +310,7 @@ def conv_nets(time_limit_s: float) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--min-ops", type=int, default=0)
     parser.add_argument("--max-ops", type=int, default=320)
     parser.add_argument("-o", type=Path, default=ROOT / "benchmarks/results/general_space")
     parser.add_argument(
@@ -315,9 +340,16 @@ def main() -> None:
             results["conv_nets"] = conv_nets(args.time_limit)
         else:
             results["corpus_rows"] = len(
-                corpus(args.time_limit, args.o, args.max_ops, args.dp_nested)
+                corpus(
+                    args.time_limit,
+                    args.o,
+                    (args.min_ops, args.max_ops),
+                    command,
+                    args.dp_nested,
+                    commands.get(part, ""),
+                )
             )
-        commands[part] = command
+        commands[part] = command if part != "corpus" else "corpus.csv's command column"
     path.write_text(json.dumps(results, indent=2) + "\n")
 
 
