@@ -191,6 +191,8 @@ def build_program(
     holds: list[HoldRow] = []
     chains: list[tuple[int, int]] = []
     for lt, life in enumerate(model.lifetimes):
+        if lt % _CHECK_EVERY == 0:
+            deadline.check(_ROWS)
         for k in range(len(life.ends)):
             y_of[lt, k] = len(y_keys)
             y_keys.append((lt, k))
@@ -210,29 +212,38 @@ def build_program(
 
     last = model.end_slot - 1
     consts = [v // unit for v in model.base_bytes]
+    # The terms of every slot's row. Each variable comes at most once per slot (a lifetime's
+    # ends cover disjoint slots, an interval's profile names each slot once) and they are
+    # appended by ascending variable, so a slot's terms are its row as they stand (the
+    # tests check rows for ascending variables and positive coefficients).
     x_terms: list[list[tuple[int, int]]] = [[] for _ in range(model.n_slots)]
     y_terms: list[list[tuple[int, int]]] = [[] for _ in range(model.n_slots)]
     for lt, life in enumerate(model.lifetimes):
+        if lt % _CHECK_EVERY == 0:
+            deadline.check(_ROWS)
+        if not life.size_bytes:
+            continue
         lo = life.fixed_end
         for k, end in enumerate(life.ends):
+            term = (y_of[lt, k], life.size_bytes // unit)
             for s in range(lo + 1, min(end, last) + 1):
-                y_terms[s].append((y_of[lt, k], life.size_bytes // unit))
+                y_terms[s].append(term)
             lo = end
-    deadline.check(_ROWS)
     for k, iv in enumerate(intervals):
-        if k % 1024 == 0:
+        if k % _CHECK_EVERY == 0:
             deadline.check(_ROWS)
-        for s, coef in _interval_profile(iv, last):
-            x_terms[s].append((k, coef // unit))
+        for first, stop, nbytes in _interval_segments(iv, last):
+            term = (k, nbytes // unit)
+            for s in range(first, stop + 1):
+                x_terms[s].append(term)
     merged: dict[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]], list[int]] = {}
     fixed = 0
-    deadline.check(_ROWS)
     for s in range(model.n_slots):
+        deadline.check(_ROWS)
         fixed = max(fixed, consts[s])
-        xs = _combine(x_terms[s])
-        ys = _combine(y_terms[s])
-        if xs or ys:
-            merged.setdefault((xs, ys), []).append(s)
+        if x_terms[s] or y_terms[s]:
+            merged.setdefault((tuple(x_terms[s]), tuple(y_terms[s])), []).append(s)
+        x_terms[s] = y_terms[s] = []  # (freed as the rows are made)
     rows = [
         MemoryRow(tuple(slots), max(consts[s] for s in slots), xs, ys)
         for (xs, ys), slots in merged.items()
@@ -260,29 +271,25 @@ def build_program(
 
 
 _ROWS = "building the memory rows of the interval program"
+_CHECK_EVERY = 64
+"""The deadline is checked every this many lifetimes and intervals, and at every slot."""
 
 
-def _interval_profile(iv: Interval, last: int) -> list[tuple[int, int]]:
-    """``(slot, bytes)`` of a chosen interval at every slot it adds bytes to: its replay peak
-    at the replay slot, and after it the recomputed storages it still holds (summed)."""
+def _interval_segments(iv: Interval, last: int) -> list[tuple[int, int, int]]:
+    """``(first slot, last slot, bytes)`` of a chosen interval over the slots it adds bytes
+    to, each slot once: its replay peak at the replay slot, and after it the recomputed
+    storages it still holds (summed, dropping at each one's end)."""
     if iv.replay_slot is None:
         return []
-    profile = [(iv.replay_slot, iv.replay_peak_bytes)] if iv.replay_peak_bytes else []
+    slot = iv.replay_slot
+    segments = [(slot, slot, iv.replay_peak_bytes)] if iv.replay_peak_bytes else []
     # held_after_replay is sorted by end: the bytes held drop at each end.
     held = sum(nbytes for _, nbytes in iv.held_after_replay)
-    s = iv.replay_slot + 1
+    s = slot + 1
     for end, nbytes in iv.held_after_replay:
         stop = min(end, last)
-        if held:
-            profile.extend((slot, held) for slot in range(s, stop + 1))
+        if held and s <= stop:
+            segments.append((s, stop, held))
         s = max(s, stop + 1)
         held -= nbytes
-    return profile
-
-
-def _combine(terms: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Sums the coefficients of repeated variables; drops zeros; sorts."""
-    out: dict[int, int] = {}
-    for var, coef in terms:
-        out[var] = out.get(var, 0) + coef
-    return tuple(sorted((v, c) for v, c in out.items() if c))
+    return segments
