@@ -196,11 +196,7 @@ class NestedDp:
         # holds for every larger budget and run room too (minimizing cost).
         last = c.lp[b]
         floor = c.replay_time_s(a, last)
-        least = (
-            not self.peak_mode
-            and result is not None
-            and result.cost_s <= floor * (1 + 1e-12)
-        )
+        least = not self.peak_mode and result is not None and result.cost_s <= floor * (1 + 1e-12)
         self.memo.store(key, m, self.run_hi, result, least=least)
         return result
 
