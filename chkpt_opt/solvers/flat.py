@@ -14,14 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval_program import IntervalProgram
-from chkpt_opt.solvers.judge import Outcome, finish, record_lowest
-from chkpt_opt.solvers.lowest_peak import lowest_peak
-from chkpt_opt.solvers.prepare import Prepared, candidate_positions, keep_all_result, prepare
+from chkpt_opt.solvers.judge import Outcome, finish
+from chkpt_opt.solvers.lowest_peak import with_lowest_peak
+from chkpt_opt.solvers.prepare import candidate_positions, keep_all_result, prepare
 from chkpt_opt.solvers.pruned_search import PrunedSearch
 from chkpt_opt.solvers.warm_start import warm_start
 
@@ -82,20 +80,3 @@ def solve_flat(
         fallback=fallback,
         lowest=lowest,
     )
-
-
-def with_lowest_peak(
-    graph: CostGraph,
-    prepared: Prepared,
-    outcome: Outcome,
-    deadline: Deadline,
-    settings: Mapping[str, Any],
-) -> tuple[Outcome, tuple[Schedule, MemoryProfile] | None]:
-    """Where the engine proved the budget infeasible, the lowest-peak schedule of the
-    model (CP-SAT with ``settings``), noted in the outcome's stats; else no schedule."""
-    if not outcome.proven_infeasible:
-        return outcome, None
-    stats = dict(outcome.stats)
-    schedule, profile, lower, proven = lowest_peak(graph, prepared, deadline=deadline, **settings)
-    lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
-    return dataclasses.replace(outcome, stats=stats), lowest

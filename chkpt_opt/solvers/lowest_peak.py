@@ -3,12 +3,16 @@ front-ends return (and record) when no schedule fits the budget."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_min_peak
-from chkpt_opt.solvers.judge import judged
+from chkpt_opt.solvers.judge import Outcome, judged, record_lowest
 from chkpt_opt.solvers.prepare import Prepared
 
 
@@ -48,3 +52,21 @@ def lowest_peak(
     if proven:
         lower = profile.peak_bytes
     return schedule, profile, max(lower, program.fixed_bytes), proven
+
+
+def with_lowest_peak(
+    graph: CostGraph,
+    prepared: Prepared,
+    outcome: Outcome,
+    deadline: Deadline,
+    settings: Mapping[str, Any],
+) -> tuple[Outcome, tuple[Schedule, MemoryProfile] | None]:
+    """Where the engine proved the budget infeasible, the lowest-peak schedule of the
+    model (:func:`lowest_peak` with ``settings``), noted in the outcome's stats; else no
+    schedule."""
+    if not outcome.proven_infeasible:
+        return outcome, None
+    stats = dict(outcome.stats)
+    schedule, profile, lower, proven = lowest_peak(graph, prepared, deadline=deadline, **settings)
+    lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
+    return dataclasses.replace(outcome, stats=stats), lowest

@@ -35,11 +35,12 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
-from chkpt_opt.solvers.flat import solve_flat, with_lowest_peak
+from chkpt_opt.solvers.flat import solve_flat
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_cache import CACHE_MODES
 from chkpt_opt.solvers.interval_program import build_program
 from chkpt_opt.solvers.judge import finish
+from chkpt_opt.solvers.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.prepare import (
     DEFAULT_MAX_POSITIONS,
     Prepared,

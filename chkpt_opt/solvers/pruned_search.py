@@ -43,8 +43,8 @@ from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
 from chkpt_opt.solvers.engines.milp_engine import BACKENDS, DEFAULT_BACKEND, solve_milp
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_program import build_program
-from chkpt_opt.solvers.judge import Outcome, finish, record_lowest
-from chkpt_opt.solvers.lowest_peak import lowest_peak
+from chkpt_opt.solvers.judge import Outcome, finish
+from chkpt_opt.solvers.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.prepare import Prepared, check_flat_size, keep_all_result
 from chkpt_opt.solvers.reductions import cost_cap, reduced_cost_fixing, restrict
 from chkpt_opt.solvers.warm_start import hint_ids, incumbent
@@ -175,18 +175,11 @@ class PrunedSearch:
             lp_units = lp_bound_units + 0.5 * model.n_ops
             bound_units = lp_units if bound_units is None else max(bound_units, lp_units)
         stats.update(outcome.stats)
-        lowest = None
-        if outcome.proven_infeasible and model.max_cost_s is None:
-            schedule, profile, lower, proven = lowest_peak(
-                graph,
-                prepared,
-                deadline=deadline,
-                seed=self.seed,
-                workers=self.workers,
-                formulation=self.formulation,
-            )
-            lowest = record_lowest(stats, schedule, profile, lower_bytes=lower, proven=proven)
         outcome = replace(outcome, bound_units=bound_units, stats=stats)
+        lowest = None
+        if model.max_cost_s is None:
+            settings = {"seed": self.seed, "workers": self.workers, "formulation": self.formulation}
+            outcome, lowest = with_lowest_peak(graph, prepared, outcome, deadline, settings)
         return finish(
             graph,
             budget_bytes,
