@@ -27,8 +27,16 @@ schedule equal the simulator's (they must: a mismatch raises
 :class:`~chkpt_opt.errors.SolverError`, a bug). Memory is exact bytes, never discretized.
 For an infeasible budget, the same DP minimizing the peak finds the lowest peak of the
 space, and the cheapest schedule at that peak is returned, with ``proves_infeasible``.
-Other graphs are refused with a :class:`~chkpt_opt.errors.SolverError` (use ``nested`` or
-``auto``).
+**Blocks.** A graph that is no simple chain is planned as the chain of its blocks between
+separators (cuts that one storage crosses: a transformer's residual stream between its
+halves of blocks), each block's step bytes read off the op sequence
+(:mod:`~chkpt_opt.solvers.separator_chain`; ``blocks=False`` refuses such graphs). The space
+is then nested schedules with region boundaries at separators (``SEPARATOR_SPACE``), coarser
+than keep-set's cuts, so ``auto`` runs it only where no keep-set schedule fits. Where a
+block's bytes depend on how its input is held (its input freed before the block's peak
+step, as GPT's position ids), the DP counts them conservatively (``stats["model"]``): its
+plans fit as simulated, and nothing is proven. Other graphs are refused with a
+:class:`~chkpt_opt.errors.SolverError` (use ``nested`` or ``auto``).
 
 Costs: per region span and way its input is held, a DP over its pieces (``O(cuts)`` per
 position and Pareto entry) per memory budget it is asked for, memoized over budget ranges:
@@ -83,6 +91,7 @@ from chkpt_opt.solvers.nested_dp import INF_BYTES, NestedDp
 from chkpt_opt.solvers.nested_top import top_plan
 from chkpt_opt.solvers.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
+from chkpt_opt.solvers.separator_chain import UNITS, separator_chain
 
 PEAK_STEPS = 20
 """The lowest-peak search climbs from a floor in steps of 1/20 of the budget (module
@@ -95,6 +104,28 @@ SPACE = (
     "view of its output), that cache nothing, and whose regions each hold an op that saves "
     "something"
 )
+SEPARATOR_SPACE = (
+    "nested schedules whose region boundaries are separators (cuts that one storage "
+    "crosses), that cache nothing, and whose regions each hold an op that saves something"
+)
+
+
+def chain_of(graph: CostGraph, *, blocks: bool = True) -> NestedChain:
+    """The chain dp_nested plans ``graph`` as: a simple chain, or else (``blocks``) its
+    blocks between separators (:mod:`~chkpt_opt.solvers.separator_chain`).
+
+    Raises:
+        SolverError: naming why ``graph`` is neither.
+    """
+    try:
+        return simple_chain(graph)
+    except SolverError as simple:
+        if not blocks:
+            raise
+        try:
+            return separator_chain(graph)
+        except SolverError as blocks:
+            raise SolverError(f"{simple} Nor as blocks: {blocks}") from None
 
 
 def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
@@ -105,7 +136,7 @@ def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
         SolverError: if ``graph`` is no simple chain, or the schedule caches ops or has a
             region without an op that saves something.
     """
-    chain = simple_chain(graph)
+    chain = chain_of(graph)
     plan = schedule_plan(graph, chain, schedule)
     forced: dict[tuple[int, int] | None, set[tuple[int, int]]] = {None: set()}
 
@@ -138,10 +169,13 @@ class DpNestedSolver:
         coarse_cuts: on a chain with more allowed cuts than one of these counts, first
             solve over every k-th allowed cut (at most that many; quick incumbents, kept if
             the time limit cuts the full solve short), then over all of them.
+        blocks: plan a graph that is no simple chain as its blocks between separators
+            (:mod:`~chkpt_opt.solvers.separator_chain`); False refuses it.
     """
 
     max_ops: int = 400
     coarse_cuts: tuple[int, ...] = (12, 24)
+    blocks: bool = True
     name: str = "dp_nested"
 
     def __call__(
@@ -155,17 +189,18 @@ class DpNestedSolver:
                 "dp_nested's recurrence does not count; use solver 'nested', or drop the "
                 "graph attribute."
             )
-        chain = simple_chain(graph)
+        chain = chain_of(graph, blocks=self.blocks)
+        space = SPACE if chain.units != UNITS else SEPARATOR_SPACE
         if chain.n > self.max_ops:
             raise SolverError(
                 f"graph {graph.graph.get('name', '')!r} has {chain.n} ops, more than "
                 f"max_ops={self.max_ops} of dp_nested; raise max_ops or use solver 'nested'."
             )
+        facts = {"units": chain.units, "model": "exact" if chain.exact else "conservative"}
         trivial = keep_all_result(graph, budget_bytes, solver=self.name, deadline=deadline)
         if trivial is not None:
-            return dataclasses.replace(
-                trivial, stats={**trivial.stats, "space": "general", "optimal_over": SPACE}
-            )
+            stats = {**trivial.stats, **facts, "space": "general", "optimal_over": space}
+            return dataclasses.replace(trivial, stats=stats)
         allowed = [p for p in range(chain.n + 1) if chain.ok[p]]
         stages = []
         for count in sorted(self.coarse_cuts):
@@ -173,7 +208,7 @@ class DpNestedSolver:
                 stride = -(-(len(allowed) - 1) // (count - 1))
                 stages.append(sorted({*allowed[::stride], chain.n}))
         stages.append(allowed)
-        stats: dict[str, Any] = {"space": "general", "ops": chain.n, "cuts": len(allowed)}
+        stats: dict[str, Any] = {"space": "general", "ops": chain.n, "cuts": len(allowed), **facts}
         found: list[tuple[Schedule, MemoryProfile, int]] = []  # (schedule, profile, cuts)
         # (schedule, profile, cuts, whether no lower peak exists over those cuts)
         lowest: list[tuple[Schedule, MemoryProfile, int, bool]] = []
@@ -221,7 +256,9 @@ class DpNestedSolver:
             stats["timed_out"] = True
             stats["reason"] = str(err)
         stats["frames_solved"] = sum(dp.frames_solved for dp in dps.values())
-        complete = len(allowed)
+        # A conservative model (a block whose step bytes depend on how its input is held)
+        # may turn plans away that fit: then nothing is proven.
+        complete = len(allowed) if chain.exact else -1
         if found:
             schedule, profile, used = min(found, key=lambda f: (f[1].recompute_s, -f[2]))
             proven = used == complete and not stats.get("timed_out")
@@ -238,9 +275,9 @@ class DpNestedSolver:
             profile = simulate(graph, schedule)
         stats["cuts_used"] = used
         if proven or used == complete:
-            stats["optimal_over"] = SPACE
-        elif used:
-            stats["optimal_over"] = f"{SPACE}, in {used} of the {complete} allowed cuts"
+            stats["optimal_over"] = space
+        elif used and chain.exact:
+            stats["optimal_over"] = f"{space}, in {used} of the {complete} allowed cuts"
         result = result_from_profile(
             schedule,
             profile,
@@ -259,9 +296,12 @@ class DpNestedSolver:
 
 def _peak_floor(chain: NestedChain) -> int:
     """Bytes below every plan's peak: the largest of the steps' schedule-independent bytes
-    (a backward step's, a forward step's with its input and output, ``bwd_start``'s)."""
-    forward = max(chain.w[i] + chain.a[i] + chain.inp(i) for i in range(chain.n))
-    return max(max(chain.bwd_base), forward, chain.cb)
+    (a unit's backward, whole or split at a replay; its forward or run with its input and
+    output; ``bwd_start``'s)."""
+    c = chain
+    forward = max(min(c.w[i], c.w_run[i]) + c.a[i] + c.inp(i) for i in range(c.n))
+    backward = max(max(post, pre) for post, pre in zip(c.bwd_post, c.bwd_pre))
+    return max(backward, forward, c.cb)
 
 
 def _judged(
@@ -276,7 +316,10 @@ def _judged(
     schedule = plan_schedule(graph, chain, plan)
     check_schedule(graph, schedule)
     profile = simulate(graph, schedule, check=False)
+    # An exact model counts each step as the simulator does; a conservative one none
+    # below it (its recompute time is exact either way).
+    counted = peak if chain.exact or peak < profile.peak_bytes else profile.peak_bytes
     check_prediction(
-        graph, profile, peak_bytes=peak, cost_s=cost, model="dp_nested", what=f"plan {plan}"
+        graph, profile, peak_bytes=counted, cost_s=cost, model="dp_nested", what=f"plan {plan}"
     )
     return schedule, profile

@@ -40,6 +40,9 @@ from chkpt_opt.schedule import Schedule, cut_positions, region_tree
 Plan = tuple[tuple[int, int, tuple], ...]
 """A region tree: ``(start, stop, children)`` for each region at one level, by position."""
 
+NO_STEPS = -(1 << 62)
+"""The bytes of a part of a unit's backward that has no steps (below every sum)."""
+
 
 @dataclass(frozen=True)
 class NestedChain:
@@ -68,6 +71,16 @@ class NestedChain:
         t_prefix: ``t_prefix[i]``: forward time of units ``0..i-1``.
         starts: ``starts[i]``: the position of unit ``i``'s owner in the graph's execution
             order (``starts[n]``: the number of ops).
+        w_run: like ``w`` for the unit running inside a checkpoint (saving nothing).
+        w_stop: like ``w`` for a replay that stops at the unit's last packer.
+        bwd_post: like ``bwd_base`` for the backward steps from the unit's last packer on
+            (those after the replay when the unit holds a region's last packer).
+        bwd_pre: the bytes of the backward steps before it, which then run before the
+            replay with nothing of the region alive (``NO_STEPS``: none).
+        exact: whether the DP counts every plan's steps exactly as the simulator does
+            (always for a simple chain; see :mod:`~chkpt_opt.solvers.separator_chain`);
+            otherwise it counts no step below the simulator.
+        units: what a unit is, for messages and stats.
     """
 
     n: int
@@ -88,6 +101,12 @@ class NestedChain:
     cb: int
     t_prefix: tuple[float, ...]
     starts: tuple[int, ...]
+    w_run: tuple[int, ...]
+    w_stop: tuple[int, ...]
+    bwd_post: tuple[int, ...]
+    bwd_pre: tuple[int, ...]
+    exact: bool = True
+    units: str = "ops with the views of their outputs"
 
     def inp(self, p: int) -> int:
         """Bytes of unit ``p``'s input (0 for the first: the graph input is resident)."""
@@ -217,12 +236,13 @@ def simple_chain(graph: CostGraph) -> NestedChain:
         prefix.append(prefix[-1] + x)
     op_ok = cut_positions(graph)
     starts = (*(u[0] for u in units), len(order))
+    w = tuple(int(nodes[v]["fwd_workspace_bytes"]) + e[k] for k, v in enumerate(owner))
     return NestedChain(
         n=n,
         a=tuple(a),
         t=times,
         t_own=tuple(float(nodes[v]["fwd_time_s"]) for v in owner),
-        w=tuple(int(nodes[v]["fwd_workspace_bytes"]) + e[k] for k, v in enumerate(owner)),
+        w=w,
         e=tuple(e),
         packer=packer,
         sin=tuple(sin),
@@ -236,6 +256,10 @@ def simple_chain(graph: CostGraph) -> NestedChain:
         cb=cb,
         t_prefix=tuple(prefix),
         starts=starts,
+        w_run=w,
+        w_stop=w,
+        bwd_post=bwd_base,
+        bwd_pre=(NO_STEPS,) * n,
     )
 
 
@@ -276,8 +300,8 @@ def schedule_plan(graph: CostGraph, chain: NestedChain, schedule: Schedule) -> P
     def unit(position: int) -> int:
         if position not in unit_at:
             raise SolverError(
-                f"a region boundary at op position {position} splits an op from a view of "
-                "its output: outside dp_nested's space."
+                f"a region boundary at op position {position} lies inside a unit of the "
+                f"chain ({chain.units}): outside dp_nested's space."
             )
         return unit_at[position]
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from chkpt_opt.errors import SolverError
 from chkpt_opt.solvers.chain_replay import Rmq
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.nested_chain import NestedChain
+from chkpt_opt.solvers.nested_chain import NO_STEPS, NestedChain
 from chkpt_opt.solvers.nested_front import (
     INF_BYTES,
     Entry,
@@ -120,7 +120,7 @@ class NestedDp:
         self.forced = forced
         self.cuts = [p for p in range(c.n + 1) if c.ok[p]] if cuts is None else list(cuts)
         usable = set(self.cuts)
-        self.body = [c.w[i] + c.a[i] + (c.a[i - 1] if i else 0) for i in range(c.n)]
+        self.body = [c.w_run[i] + c.a[i] + (c.a[i - 1] if i else 0) for i in range(c.n)]
         self.bwd = Rmq(list(c.bwd_base))
         # ends[p]: where a region starting at p may stop (it must hold a packer).
         self.ends = [
@@ -173,7 +173,7 @@ class NestedDp:
             eb = 0
         if not eb or eth >= b:
             eb, eth = 0, 0
-        if c.lp[b] == b - 1:
+        if c.lp[b] == b - 1 and c.bwd_pre[b - 1] == NO_STEPS:
             tail_done = False  # no tail: nothing to hoist
         if m < 0:
             return None
@@ -209,10 +209,13 @@ class NestedDp:
             raise SolverError(f"region {a}..{b} holds no packer; a bug in dp_nested.")
         ob = c.inp(a)
         tail_peak = 0
-        if not tail_done and last < b - 1:
+        pre = c.bwd_pre[last]  # the last packer's own tail (steps of a block after it)
+        if not tail_done and (last < b - 1 or pre > NO_STEPS):
             tail_peak = self.bwd(last + 1, min(b - 1, eth - 1) if eb else b - 1) + ob
             if eb:
                 tail_peak = max(tail_peak, self.bwd(max(last + 1, eth), b - 1) + ob + eb)
+            if pre > NO_STEPS:
+                tail_peak = max(tail_peak, pre + ob + (eb if eb and last >= eth else 0))
             if tail_peak > m:
                 return None
         rec_const = c.rec_base[last] + ob + (eb if eb and last >= eth else 0)
@@ -236,14 +239,14 @@ class NestedDp:
                 if ends:
                     self._children(f, p, ih, h1, front, ends, pending, finals)
         # The ops after the last piece run at this level when the region runs.
-        fits = [e for e in finals if tail_run_bytes(c.w, c.a, a, piece_end(e, last), b) <= r]
+        fits = [e for e in finals if tail_run_bytes(c.w_run, c.a, a, piece_end(e, last), b) <= r]
         self.run_limited += len(fits) < len(finals)
         finals = fits
         if not finals:
             return None
         best = min(finals, key=lambda e: (e[1], e[2], e[3]))
         plan = pieces(best)
-        run = run_peak(c.w, c.a, a, b, plan, self.runs)
+        run = run_peak(c.w_run, c.a, a, b, plan, self.runs)
         return FrameResult(best[3], max(best[2], tail_peak), plan, run)
 
     def _plain(
@@ -261,7 +264,7 @@ class NestedDp:
         a, last, mode = f.a, f.last, f.mode
         if p > last:
             raise SolverError(f"op {p} lies past the last packer of {a}..{f.b}; a bug.")
-        if run_op_bytes(c.w, c.a, a, p) > f.r:
+        if run_op_bytes(c.w_run, c.a, a, p) > f.r:
             self.run_limited += 1
             return
         k_held = entry[0]
@@ -270,7 +273,7 @@ class NestedDp:
         o_alive = mode == ALWAYS or (p > a and (h1 or (mode == KEY and p >= c.fp[a])))
         held_in = p > a and (ih or c.sin[p])
         need = (
-            c.bwd_base[p]
+            (c.bwd_post[p] if p == last else c.bwd_base[p])
             + (f.ob if o_alive else 0)
             + (f.eb if f.eb and p >= f.eth else 0)
             + k_held
@@ -278,7 +281,8 @@ class NestedDp:
             + (c.a[p] if c.sout[p] else 0)
         )
         if runs:
-            need = max(need, f.rec_const + c.w[p] + k_held + inp + c.a[p])
+            w = c.w_stop[p] if p == last else c.w[p]
+            need = max(need, f.rec_const + w + k_held + inp + c.a[p])
         if need > f.m:
             return
         cost = (c.t[p] if p < last else c.t_own[p]) if runs else 0.0
@@ -315,20 +319,23 @@ class NestedDp:
         partial_o = p > a and mode == KEY and not h1
         state = (False, True if p == a else h1)
         k_min = front[0][0]
-        run_body = c.w[p] + c.a[p]
+        run_body = c.w_run[p] + c.a[p]
         i = p + 1  # ops p..i-1 are in run_body
-        lower = c.bwd_base[p]  # the largest backward step of ops p..j-1
-        j = p + 1
+        whole = NO_STEPS  # the largest whole backward of ops p..j-1
+        j = p
         for q in ends:
             while i < q:
                 if self.body[i] > run_body:
                     run_body = self.body[i]
                 i += 1
-            while j <= c.lp[q]:
-                if c.bwd_base[j] > lower:
-                    lower = c.bwd_base[j]
+            while j < c.lp[q]:
+                if c.bwd_base[j] > whole:
+                    whole = c.bwd_base[j]
                 j += 1
             star = q > f.last  # the piece holding the last packer: not run in the replay
+            # What the child's steps need at least: the backward of its ops, its last
+            # packer's from the replay on, and that packer's own tail unless hoisted.
+            lower = max(whole, c.bwd_post[j], NO_STEPS if star else c.bwd_pre[j])
             const_q, ext = const, (0, 0)
             if partial_o:
                 const_q, ext = split_outer(ob, c.fp[a], p, q, const_q, ext)

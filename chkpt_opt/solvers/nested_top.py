@@ -44,7 +44,7 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
                         new = dp.extend(entry, kept, need, 0.0, None)
                         state = bool(c.sout[p]) and p < n - 1
                         pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
-                run_body = c.w[p] + c.a[p]
+                run_body = c.w_run[p] + c.a[p]
                 i = p + 1
                 for q in ends:
                     while i < q:
@@ -52,7 +52,9 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
                         i += 1
                     run = k_held + inp + run_body
                     room = budget_bytes - k_held
-                    if run > budget_bytes or (not dp.peak_mode and dp.bwd(p, c.lp[q]) > room):
+                    last = c.lp[q]
+                    lower = max(dp.bwd(p, last - 1), c.bwd_post[last], c.bwd_pre[last])
+                    if run > budget_bytes or (not dp.peak_mode and lower > room):
                         break  # both only grow with q
                     mode = ALWAYS if ih else KEY
                     sub = dp.frame(p, q, mode, 0, 0, False, room, room - inp)

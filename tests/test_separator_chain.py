@@ -1,0 +1,148 @@
+"""dp_nested on graphs cut at their separators (solvers/separator_chain.py): the bytes read
+off the op sequence equal the simple chain's where both apply, the DP never counts a plan
+below the simulator and counts it exactly where the chain says so, and its optimum equals
+brute force over the same space on small residual graphs."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from chkpt_opt.errors import SolverError
+from chkpt_opt.graphs.synthetic import random_dag
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers.dp_nested import SEPARATOR_SPACE, predict
+from chkpt_opt.solvers.nested_chain import NO_STEPS, Plan, plan_schedule, simple_chain
+from chkpt_opt.solvers.separator_chain import UNITS, separator_chain
+from tests.conftest import assert_valid_result
+from tests.test_dp_nested import random_chain, random_unit_chain
+
+
+def _random_plan(rng: random.Random, lo: int, hi: int, depth: int) -> Plan:
+    cuts = list(range(lo, hi + 1))
+    picked = sorted(rng.sample(cuts, min(len(cuts), rng.randint(0, 4) * 2)))
+    spans = [(a, b) for a, b in zip(picked[::2], picked[1::2]) if b > a and (a, b) != (lo, hi)]
+    return tuple((a, b, _random_plan(rng, a, b, depth - 1) if depth > 1 else ()) for a, b in spans)
+
+
+def test_a_simple_chain_read_off_the_op_sequence_is_the_simple_chain() -> None:
+    rng = random.Random(1)
+    compared = 0
+    for k in range(200):
+        graph = (random_unit_chain if k % 2 else random_chain)(rng.randint(3, 10), rng)
+        simple = simple_chain(graph)
+        if not all(simple.ok):
+            continue  # a forbidden cut merges two ops into one block
+        blocks = separator_chain(graph)
+        for field in dataclasses.fields(simple):
+            mine, theirs = getattr(blocks, field.name), getattr(simple, field.name)
+            if field.name == "t_own":  # read only where the replay runs the unit
+                mine = tuple(x for x, s in zip(mine, simple.sown) if s)
+                theirs = tuple(x for x, s in zip(theirs, simple.sown) if s)
+            if field.name == "bwd_pre":  # a view's backward before its owner's, as its own
+                mine = tuple(x if x == NO_STEPS else NO_STEPS for x in mine)
+            if field.name != "units":
+                assert mine == theirs, (k, field.name, mine, theirs)
+        assert blocks.exact
+        compared += 1
+    assert compared > 60
+
+
+def test_the_dp_never_counts_a_plan_below_the_simulator_and_exactly_where_it_says() -> None:
+    rng = random.Random(0)
+    exact = loose = checked = over = 0
+    for k in range(120):
+        graph = random_dag(
+            rng.randint(6, 20),
+            seed=k,
+            skip_prob=rng.choice([0.2, 0.4, 0.6]),
+            max_inputs=rng.choice([2, 3]),
+        )
+        chain = separator_chain(graph)
+        exact += chain.exact
+        loose += not chain.exact
+        for _ in range(8):
+            schedule = plan_schedule(graph, chain, _random_plan(rng, 0, chain.n, 3))
+            try:
+                peak, cost = predict(graph, schedule)
+            except SolverError as err:  # a region that saves nothing: outside the space
+                assert "saves anything" in str(err)
+                continue
+            profile = simulate(graph, schedule)
+            assert cost == pytest.approx(profile.recompute_s, rel=1e-12, abs=1e-15)
+            assert peak >= profile.peak_bytes, (k, schedule)
+            if chain.exact:
+                assert peak == profile.peak_bytes, (k, schedule)
+            over += peak > profile.peak_bytes
+            checked += 1
+    assert exact > 20 and loose > 20 and checked > 500 and over > 0, (exact, loose, checked)
+
+
+def _all_plans(lo: int, hi: int, proper: bool) -> list[Plan]:
+    """Every region tree on unit positions ``lo..hi`` (``proper``: not ``[lo, hi)`` itself)."""
+
+    def from_(p: int) -> list[Plan]:
+        if p >= hi:
+            return [()]
+        found = list(from_(p + 1))
+        for q in range(p + 1, hi + 1):
+            if proper and (p, q) == (lo, hi):
+                continue
+            for inner in _all_plans(p, q, True):
+                found += [((p, q, inner), *rest) for rest in from_(q)]
+        return found
+
+    return from_(lo)
+
+
+SEEDS = [0, 21, 23, 39]  # random DAGs of 9 ops whose blocks are counted exactly (4-5 units)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dp_optimum_equals_brute_force_over_separator_schedules(seed: int) -> None:
+    graph = random_dag(9, seed=seed, skip_prob=0.5, max_inputs=2)
+    chain = separator_chain(graph)
+    assert chain.n >= 3 and chain.exact
+    profiles = []
+    for plan in _all_plans(0, chain.n, False):
+        schedule = plan_schedule(graph, chain, plan)
+        try:
+            predict(graph, schedule)
+        except SolverError:  # a region holding no packer: never better, outside the space
+            continue
+        profiles.append(simulate(graph, schedule, check=False))
+    keep_all = simulate(graph, Schedule()).peak_bytes
+    lowest = min(p.peak_bytes for p in profiles)
+    for budget in sorted({keep_all, (keep_all + lowest) // 2, lowest, lowest - 1}):
+        result = get_solver("dp_nested")(graph, budget)
+        assert_valid_result(graph, result, budget)
+        assert result.stats["units"] == UNITS
+        fitting = [p.recompute_s for p in profiles if p.peak_bytes <= budget]
+        if fitting:
+            assert result.status == SolveStatus.OPTIMAL, budget
+            assert result.stats["optimal_over"] == SEPARATOR_SPACE
+            assert result.objective == pytest.approx(min(fitting), rel=1e-12, abs=1e-15)
+        else:
+            assert result.status == SolveStatus.INFEASIBLE and result.proves_infeasible
+            assert result.peak_bytes == lowest
+
+
+def test_a_conservative_chain_claims_no_optimum() -> None:
+    rng = random.Random(5)
+    for k in range(200):
+        graph = random_dag(rng.randint(8, 16), seed=k, skip_prob=0.6, max_inputs=3)
+        chain = separator_chain(graph)
+        if not chain.exact and chain.n >= 3:
+            break
+    else:
+        pytest.fail("no conservative chain among the random DAGs")
+    keep_all = simulate(graph, Schedule()).peak_bytes
+    result = get_solver("dp_nested")(graph, int(0.8 * keep_all))
+    assert_valid_result(graph, result, int(0.8 * keep_all))
+    assert result.stats["model"] == "conservative"
+    assert result.status != SolveStatus.OPTIMAL and "optimal_over" not in result.stats
+    assert result.bound is None and not result.proves_infeasible
