@@ -90,15 +90,19 @@ def corpus(
     command: str,
     dp_nested: bool = False,
     earlier_command: str = "",
+    names: list[str] | None = None,
 ) -> list[dict]:
-    """The corpus part over the graphs whose op counts lie in ``ops`` (inclusive); the rows
-    of the other graphs stay in ``corpus.csv`` as they were, each row naming the command
-    that made it (``earlier_command`` for rows from before that column)."""
+    """The corpus part over the graphs whose op counts lie in ``ops`` (inclusive), and
+    whose names are in ``names`` where given; the rows of the other graphs stay in
+    ``corpus.csv`` as they were, each row naming the command that made it
+    (``earlier_command`` for rows from before that column)."""
     rows = []
     ran: set[str] = set()
     for path in sorted((ROOT / "graphs").glob("*.json")):
         graph = load_graph(path)
-        if not ops[0] <= graph.number_of_nodes() <= ops[1]:
+        if not ops[0] <= graph.number_of_nodes() <= ops[1] or path.stem not in (
+            names or [path.stem]
+        ):
             continue
         ran.add(path.stem)
         keep_all = simulate(graph, Schedule()).peak_bytes
@@ -312,6 +316,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--min-ops", type=int, default=0)
     parser.add_argument("--max-ops", type=int, default=320)
+    parser.add_argument("--graphs", nargs="+", help="corpus part: only these graphs")
     parser.add_argument("-o", type=Path, default=ROOT / "benchmarks/results/general_space")
     parser.add_argument(
         "--dp-nested", action="store_true", help="add dp_nested beside the nested heuristic"
@@ -347,6 +352,7 @@ def main() -> None:
                     command,
                     args.dp_nested,
                     commands.get(part, ""),
+                    args.graphs,
                 )
             )
         commands[part] = command if part != "corpus" else "corpus.csv's command column"
