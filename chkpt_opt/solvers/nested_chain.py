@@ -224,16 +224,8 @@ def simple_chain(graph: CostGraph) -> NestedChain:
         for j in range(n)
     )
     rec_base = tuple(cb + after[j + 1] + (grad[j] if j < n - 1 else 0) for j in range(n))
-    fp = [n] * (n + 1)
-    for p in range(n - 1, -1, -1):
-        fp[p] = p if packer[p] else fp[p + 1]
-    lp = [-1] * (n + 1)
-    for q in range(1, n + 1):
-        lp[q] = q - 1 if packer[q - 1] else lp[q - 1]
     times = tuple(sum(float(nodes[order[k]]["fwd_time_s"]) for k in u) for u in units)
-    prefix = [0.0]
-    for x in times:
-        prefix.append(prefix[-1] + x)
+    fp, lp, prefix = positions(packer, times)
     op_ok = cut_positions(graph)
     starts = (*(u[0] for u in units), len(order))
     w = tuple(int(nodes[v]["fwd_workspace_bytes"]) + e[k] for k, v in enumerate(owner))
@@ -249,18 +241,36 @@ def simple_chain(graph: CostGraph) -> NestedChain:
         sout=tuple(sout),
         sown=tuple(o or b > 0 for o, b in zip(sout, e)),
         ok=tuple(op_ok[s] for s in starts),
-        fp=tuple(fp),
-        lp=tuple(lp),
+        fp=fp,
+        lp=lp,
         bwd_base=bwd_base,
         rec_base=rec_base,
         cb=cb,
-        t_prefix=tuple(prefix),
+        t_prefix=prefix,
         starts=starts,
         w_run=w,
         w_stop=w,
         bwd_post=bwd_base,
         bwd_pre=(NO_STEPS,) * n,
     )
+
+
+def positions(
+    packer: tuple[bool, ...], times: tuple[float, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
+    """A chain's ``fp``, ``lp`` and ``t_prefix`` (see :class:`NestedChain`) from whether
+    each unit is a packer and its forward time."""
+    n = len(packer)
+    fp = [n] * (n + 1)
+    for p in range(n - 1, -1, -1):
+        fp[p] = p if packer[p] else fp[p + 1]
+    lp = [-1] * (n + 1)
+    for q in range(1, n + 1):
+        lp[q] = q - 1 if packer[q - 1] else lp[q - 1]
+    prefix = [0.0]
+    for x in times:
+        prefix.append(prefix[-1] + x)
+    return tuple(fp), tuple(lp), tuple(prefix)
 
 
 def plan_schedule(graph: CostGraph, chain: NestedChain, plan: Plan) -> Schedule:

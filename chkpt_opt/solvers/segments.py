@@ -14,6 +14,21 @@ from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
 from chkpt_opt.schedule import cut_positions
 
 
+def last_reads(graph: CostGraph) -> dict[str, int]:
+    """The index of the last op that reads each storage (``n`` for the step outputs')."""
+    nodes = graph.nodes
+    last_read: dict[str, int] = {}
+    for node in ordered_nodes(graph):
+        i = nodes[node]["index"]
+        for pred in graph.predecessors(node):
+            for sid in storage_refs(graph, pred):
+                last_read[sid] = max(last_read.get(sid, -1), i)
+    for out in graph.graph["outputs"]:
+        for sid in storage_refs(graph, out):
+            last_read[sid] = graph.number_of_nodes()
+    return last_read
+
+
 def crossing_bytes(graph: CostGraph) -> list[int]:
     """Bytes of forward storages alive across each position.
 
@@ -27,15 +42,7 @@ def crossing_bytes(graph: CostGraph) -> list[int]:
     for node in order:
         for sid, nbytes in nodes[node]["outputs"].items():
             produced[sid] = (nodes[node]["index"], nbytes)
-    last_read: dict[str, int] = {}
-    for node in order:
-        i = nodes[node]["index"]
-        for pred in graph.predecessors(node):
-            for sid in storage_refs(graph, pred):
-                last_read[sid] = max(last_read.get(sid, -1), i)
-    for out in graph.graph["outputs"]:
-        for sid in storage_refs(graph, out):
-            last_read[sid] = n
+    last_read = last_reads(graph)
     delta = [0] * (n + 2)
     for sid, (i, nbytes) in produced.items():
         last = last_read.get(sid, -1)

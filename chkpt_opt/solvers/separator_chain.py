@@ -40,7 +40,8 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
 from chkpt_opt.op_sequence import Step, lower
 from chkpt_opt.schedule import Schedule, cut_positions, nesting_allowed
-from chkpt_opt.solvers.nested_chain import NO_STEPS, NestedChain
+from chkpt_opt.solvers.nested_chain import NO_STEPS, NestedChain, positions
+from chkpt_opt.solvers.segments import last_reads
 
 _log = logging.getLogger(__name__)
 
@@ -101,14 +102,7 @@ def separators(graph: CostGraph) -> dict[int, str]:
     for i, v in enumerate(order):
         for sid in graph.nodes[v]["outputs"]:
             made[sid] = i
-    last_read: dict[str, int] = {}
-    for i, v in enumerate(order):
-        for u in graph.predecessors(v):
-            for sid in storage_refs(graph, u):
-                last_read[sid] = max(last_read.get(sid, -1), i)
-    for out in graph.graph["outputs"]:
-        for sid in storage_refs(graph, out):
-            last_read[sid] = n
+    last_read = last_reads(graph)
     crossing = [0] * (n + 2)  # how many storages are alive across each position
     for sid, i in made.items():
         if last_read.get(sid, -1) > i:
@@ -284,15 +278,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
     if kept.after[fwd_end] - a[n - 1] != k_before[n]:
         raise refuse("what the forward pass keeps differs from what the chain counts")
     packer = tuple(bool(ops) for ops in packers)
-    fp = [n] * (n + 1)
-    for p in range(n - 1, -1, -1):
-        fp[p] = p if packer[p] else fp[p + 1]
-    lp = [-1] * (n + 1)
-    for q in range(1, n + 1):
-        lp[q] = q - 1 if packer[q - 1] else lp[q - 1]
-    prefix = [0.0]
-    for x in t:
-        prefix.append(prefix[-1] + x)
+    fp, lp, prefix = positions(packer, t)
     if loose:
         _log.debug("graph %r: dp_nested's counts are conservative at %s", name, loose)
     return NestedChain(
@@ -307,12 +293,12 @@ def separator_chain(graph: CostGraph) -> NestedChain:
         sout=sout,
         sown=tuple(k > 0 for k in replayed),
         ok=(True,) * (n + 1),
-        fp=tuple(fp),
-        lp=tuple(lp),
+        fp=fp,
+        lp=lp,
         bwd_base=tuple(bwd_base),
         rec_base=tuple(rec_base),
         cb=cb,
-        t_prefix=tuple(prefix),
+        t_prefix=prefix,
         starts=tuple(bounds),
         w_run=tuple(w_run),
         w_stop=tuple(w_stop),
