@@ -34,8 +34,12 @@ halves of blocks), each block's step bytes read off the op sequence
 is then nested schedules with region boundaries at separators (``SEPARATOR_SPACE``), coarser
 than keep-set's cuts, so ``auto`` runs it only where no keep-set schedule fits. Where a
 block's bytes depend on how its input is held (its input freed before the block's peak
-step, as GPT's position ids), the DP counts them conservatively (``stats["model"]``): its
-plans fit as simulated, and nothing is proven. Other graphs are refused with a
+step, as GPT's position ids), the DP counts them conservatively (``stats["model"]``), at
+most ``stats["slack_bytes"]`` above the simulator: its plans fit as simulated, and its
+optimum at the budget plus that slack bounds the optimum of the space (proven where the
+two meet; the lowest peak's bound is the DP's less the slack). What the DP proves over
+blocks holds over that space alone, which leaves keep-set schedules with other cuts out:
+it is reported in ``stats["space_proof"]``, never as the result's status or bound. Other graphs are refused with a
 :class:`~chkpt_opt.errors.SolverError` (use ``nested`` or ``auto``).
 
 Costs: per region span and way its input is held, a DP over its pieces (``O(cuts)`` per
@@ -196,9 +200,13 @@ class DpNestedSolver:
                 f"graph {graph.graph.get('name', '')!r} has {chain.n} ops, more than "
                 f"max_ops={self.max_ops} of dp_nested; raise max_ops or use solver 'nested'."
             )
-        facts = {"units": chain.units, "model": "exact" if chain.exact else "conservative"}
+        facts = {
+            "units": chain.units,
+            "model": "exact" if chain.exact else "conservative",
+            "slack_bytes": chain.slack_bytes,
+        }
         trivial = keep_all_result(graph, budget_bytes, solver=self.name, deadline=deadline)
-        if trivial is not None:
+        if trivial is not None:  # nothing recomputed: optimal over every schedule
             stats = {**trivial.stats, **facts, "space": "general", "optimal_over": space}
             return dataclasses.replace(trivial, stats=stats)
         allowed = [p for p in range(chain.n + 1) if chain.ok[p]]
@@ -210,8 +218,9 @@ class DpNestedSolver:
         stages.append(allowed)
         stats: dict[str, Any] = {"space": "general", "ops": chain.n, "cuts": len(allowed), **facts}
         found: list[tuple[Schedule, MemoryProfile, int]] = []  # (schedule, profile, cuts)
-        # (schedule, profile, cuts, whether no lower peak exists over those cuts)
-        lowest: list[tuple[Schedule, MemoryProfile, int, bool]] = []
+        # (schedule, profile, cuts, the DP's peak of it, whether the DP has none lower over
+        # those cuts)
+        lowest: list[tuple[Schedule, MemoryProfile, int, int, bool]] = []
         # One DP per set of cuts and objective: a frame's memoized answers hold for every
         # budget of the whole chain, so the solves below at other budgets reuse them.
         dps: dict[tuple[tuple[int, ...], bool], NestedDp] = {}
@@ -243,7 +252,7 @@ class DpNestedSolver:
                     while (plan := top_plan(low, climb)) is None:
                         climb += max(1, climb // PEAK_STEPS)
                     while True:
-                        lowest.append((*_judged(graph, chain, plan), len(cuts), False))
+                        lowest.append((*_judged(graph, chain, plan), len(cuts), plan[1], False))
                         lower = top_plan(low, plan[1] - 1)
                         if lower is None:
                             break
@@ -251,42 +260,68 @@ class DpNestedSolver:
                     cheapest = top_plan(dp_for(cuts, False), plan[1])
                     if cheapest is None:
                         raise SolverError("dp_nested lost the plan at its lowest peak; a bug.")
-                    lowest[-1] = (*_judged(graph, chain, cheapest), len(cuts), True)
+                    lowest[-1] = (*_judged(graph, chain, cheapest), len(cuts), plan[1], True)
         except DeadlineExceeded as err:
             stats["timed_out"] = True
             stats["reason"] = str(err)
-        stats["frames_solved"] = sum(dp.frames_solved for dp in dps.values())
-        # A conservative model (a block whose step bytes depend on how its input is held)
-        # may turn plans away that fit: then nothing is proven.
-        complete = len(allowed) if chain.exact else -1
+        complete = len(allowed)
+        slack = chain.slack_bytes  # 0 where the DP counts every step exactly
         if found:
             schedule, profile, used = min(found, key=lambda f: (f[1].recompute_s, -f[2]))
             proven = used == complete and not stats.get("timed_out")
         elif lowest:
-            schedule, profile, used, minimal = min(
-                lowest, key=lambda f: (f[1].peak_bytes, -f[2], not f[3])
+            schedule, profile, used, counted, minimal = min(
+                lowest, key=lambda f: (f[1].peak_bytes, -f[2], not f[4])
             )
-            proven = used == complete and minimal
+            # No plan's count is below ``counted``, nor its simulated peak below that less
+            # the slack.
+            lower = counted - slack if used == complete and minimal else None
             stats["min_feasible_bytes"] = profile.peak_bytes
-            stats["min_feasible_proven"] = proven
-            stats["min_feasible_lower_bytes"] = profile.peak_bytes if proven else None
+            stats["min_feasible_proven"] = lower == profile.peak_bytes
+            stats["min_feasible_lower_bytes"] = lower
+            proven = lower is not None and lower > budget_bytes  # no plan fits the budget
         else:
             schedule, used, proven = Schedule(), 0, False
             profile = simulate(graph, schedule)
+        bound = profile.recompute_s if proven and found else None
+        fits = profile.peak_bytes <= budget_bytes
+        if slack and fits and used == complete and not stats.get("timed_out"):
+            # A plan that fits as simulated fits the DP's count at ``slack`` bytes more:
+            # the DP's optimum there bounds every plan of the space.
+            try:
+                wider = top_plan(dp_for(allowed, False), budget_bytes + slack)
+            except DeadlineExceeded as err:
+                wider = None
+                stats.update(timed_out=True, reason=str(err))
+            bound = wider[0] if wider is not None else None
+            proven = bound is not None and profile.recompute_s <= bound * (1 + 1e-12)
+            stats["bound_budget_bytes"] = budget_bytes + slack
         stats["cuts_used"] = used
-        if proven or used == complete:
-            stats["optimal_over"] = space
-        elif used and chain.exact:
-            stats["optimal_over"] = f"{space}, in {used} of the {complete} allowed cuts"
+        over = space if used == complete else f"{space}, in {used} of the {complete} cuts"
+        if chain.units == UNITS:
+            # The space of blocks leaves keep-set schedules with other cuts out: what the
+            # DP proves holds over it alone, so it is stated apart from the result's status.
+            stats["space_proof"] = {
+                "over": over,
+                "optimal": proven and fits,
+                "infeasible": proven and not fits,
+                "bound_s": bound,
+                "min_peak_lower_bytes": stats.get("min_feasible_lower_bytes"),
+            }
+            if "min_feasible_bytes" in stats:
+                stats.update(min_feasible_proven=False, min_feasible_lower_bytes=None)
+            bound, proven = None, False
+        elif used:
+            stats["optimal_over"] = over
         result = result_from_profile(
             schedule,
             profile,
             budget_bytes=budget_bytes,
             solver=self.name,
             solve_s=deadline.elapsed_s(),
-            bound=profile.recompute_s if proven and found else None,
-            proven_optimal=proven and bool(found),
-            proven_infeasible=proven and not found,
+            bound=bound,
+            proven_optimal=proven and fits,
+            proven_infeasible=proven and not fits,
             stats=stats,
         )
         if stats.get("timed_out") and not result.feasible:

@@ -79,7 +79,8 @@ class NestedChain:
             replay with nothing of the region alive (``NO_STEPS``: none).
         exact: whether the DP counts every plan's steps exactly as the simulator does
             (always for a simple chain; see :mod:`~chkpt_opt.solvers.separator_chain`);
-            otherwise it counts no step below the simulator.
+            otherwise it counts no step below the simulator, and at most
+            ``slack_bytes`` above it.
         units: what a unit is, for messages and stats.
     """
 
@@ -106,6 +107,7 @@ class NestedChain:
     bwd_post: tuple[int, ...]
     bwd_pre: tuple[int, ...]
     exact: bool = True
+    slack_bytes: int = 0
     units: str = "ops with the views of their outputs"
 
     def inp(self, p: int) -> int:

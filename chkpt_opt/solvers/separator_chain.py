@@ -27,7 +27,9 @@ nothing holds is freed after its last reader. So the DP never counts fewer bytes
 simulator, and exactly as many where every window peaks while the input is alive in
 every schedule: :attr:`~chkpt_opt.solvers.nested_chain.NestedChain.exact` records whether
 that holds for every unit (it does in pre-norm transformer blocks: the first op saves the
-input and the residual add reads it last). Only then does ``dp_nested`` claim optimality.
+input and the residual add reads it last). Where it does not, the DP counts at most
+``slack_bytes`` too many at any step (the inputs it may count alive for nothing), so
+``dp_nested`` bounds its optimum with the DP's at a budget that much larger.
 """
 
 from __future__ import annotations
@@ -198,7 +200,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
     w: list[int] = []
     w_run: list[int] = []
     w_stop: list[int] = []
-    loose: list[str] = []  # the windows the DP counts above the simulator in some plans
+    loose: dict[int, str] = {}  # units whose windows the DP counts above the simulator
     for u, (s, t_) in enumerate(units):
         read = _last_read(graph, order, s, t_, out_sid[u - 1]) if u else t_ - 1
         fwd = []
@@ -211,7 +213,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
                 )
             own = [tl.during[k] - base - inp_alive(tl, u, k) for k in range(s, t_)]
             if max(own[: read - s + 1]) != max(own):
-                loose.append(f"unit {u} ({order[s]!r}): {'run' if out is None else 'forward'}")
+                loose[u] = f"unit {u} ({order[s]!r}): {'run' if out is None else 'forward'}"
             if out is not None:
                 out.extend(own)
                 w.append(max(own) - a[u])
@@ -220,7 +222,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
         k_stop = replayed[u]
         w_stop.append(max(fwd[:k_stop]) - a[u] if k_stop else w[u])
         if k_stop and max(fwd[: min(k_stop, read - s + 1)]) != max(fwd[:k_stop]):
-            loose.append(f"unit {u} ({order[s]!r}): replay")
+            loose[u] = f"unit {u} ({order[s]!r}): replay"
 
     # Backward windows of keep-all.
     window: list[list[int]] = [[] for _ in range(n)]
@@ -272,15 +274,25 @@ def separator_chain(graph: CostGraph) -> NestedChain:
             for part in (ks, post):
                 best = max(own[k] for k in part)
                 if max((own[k] for k in part if k <= until), default=best - 1) != best:
-                    loose.append(f"unit {u} ({order[s]!r}): backward")
+                    loose[u] = f"unit {u} ({order[s]!r}): backward"
     fwd_end = n_ops - 1
     cb = kept.during[n_ops] - (kept.after[fwd_end] - a[n - 1])
     if kept.after[fwd_end] - a[n - 1] != k_before[n]:
         raise refuse("what the forward pass keeps differs from what the chain counts")
     packer = tuple(bool(ops) for ops in packers)
     fp, lp, prefix = positions(packer, t)
+    # What the DP may count above the simulator at a step of a loose unit: its input, and
+    # the inputs of the regions that start in the run of units without packers before it
+    # (their checkpoints free those inputs at the unit's first packer's backward).
+    slack = 0
+    for u in loose:
+        extra, v = a[u - 1] if u else 0, u - 1
+        while v > 0 and not packers[v]:
+            extra += a[v - 1]
+            v -= 1
+        slack = max(slack, extra)
     if loose:
-        _log.debug("graph %r: dp_nested's counts are conservative at %s", name, loose)
+        _log.debug("graph %r: dp_nested counts up to %d bytes too many at %s", name, slack, loose)
     return NestedChain(
         n=n,
         a=tuple(a),
@@ -305,6 +317,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
         bwd_post=tuple(bwd_post),
         bwd_pre=tuple(bwd_pre),
         exact=not loose,
+        slack_bytes=slack,
         units=UNITS,
     )
 
