@@ -14,10 +14,10 @@ Three parts, one results directory (``benchmarks/results/general_space``):
   above it, and below it), the general plans measured (peak against prediction, gradients
   against the original), ``dp_nested`` and the nested heuristic beside them.
 
-With ``--dp-nested``, the exact nested DP (``dp_nested``: simple chains only, refused
-elsewhere) and the nested heuristic side by side: on the corpus graphs it accepts (columns
-``dp_nested_*`` and ``nested_*``), and on the deep chain at the 0.75x budget and at its
-smallest peak (``deep_chain.dp_nested``).
+With ``--dp-nested``, the exact nested DP (``dp_nested``: simple chains, and the blocks
+between separators of other graphs; refused elsewhere) and the nested heuristic side by
+side: on the corpus graphs it accepts (columns ``dp_nested_*`` and ``nested_*``), and on
+the deep chain at the 0.75x budget and at its smallest peak (``deep_chain.dp_nested``).
 
 Usage::
 

@@ -42,7 +42,8 @@ keep-set stages stop at 80% of the limit (``general_share``); in the time left, 
 ops that the recompute bound's LP keeps are rounded into regions
 (:mod:`~chkpt_opt.solvers.cache_rounding`: selective-checkpoint schedules, a region per
 layer caching its matmuls, chosen by the LP), ``dp_nested`` (exact over nested schedules
-that cache nothing, on graphs that are simple chains; it refuses others at once) runs, the
+that cache nothing, on graphs that are simple chains; where no keep-set schedule fits, also
+over the blocks between a graph's separators; it refuses others at once) runs, the
 cached-op search starts from the keep-set result and, where it is better, from the rounded
 schedule, and where no keep-set schedule fits, the nested
 (multi-level) heuristic looks below the keep-set memory floor; a proof of ``dp_nested``
@@ -273,7 +274,7 @@ def _beyond_keep_set(
         return dataclasses.replace(keep, stats=dict(keep.stats, proofs_over="every_schedule"))
     keep_stats = dict(keep.stats, proofs_over="keep_set")
     # The cached ops the recompute bound's LP keeps, rounded (cheap, and it reads the bound
-    # already solved); the exact nested DP (it refuses graphs that are no simple chain at
+    # already solved); the exact nested DP (it refuses graphs that it cannot plan at
     # once); the cached-op searches from the rounded schedule where it is better than the
     # keep-set result, and from that result; the nested heuristic where no keep-set
     # schedule fits. Searches from the other keep-set results (greedy's, sqrt's) were

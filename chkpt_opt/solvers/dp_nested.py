@@ -39,8 +39,9 @@ most ``stats["slack_bytes"]`` above the simulator: its plans fit as simulated, a
 optimum at the budget plus that slack bounds the optimum of the space (proven where the
 two meet; the lowest peak's bound is the DP's less the slack). What the DP proves over
 blocks holds over that space alone, which leaves keep-set schedules with other cuts out:
-it is reported in ``stats["space_proof"]``, never as the result's status or bound. Other graphs are refused with a
-:class:`~chkpt_opt.errors.SolverError` (use ``nested`` or ``auto``).
+it is reported in ``stats["space_proof"]``, never as the result's status or bound. Other
+graphs are refused with a :class:`~chkpt_opt.errors.SolverError` (use ``nested`` or
+``auto``).
 
 Costs: per region span and way its input is held, a DP over its pieces (``O(cuts)`` per
 position and Pareto entry) per memory budget it is asked for, memoized over budget ranges:

@@ -1,6 +1,8 @@
 """The dynamic program of :mod:`chkpt_opt.solvers.dp_nested` over a simple chain
-(:mod:`chkpt_opt.solvers.nested_chain`): rotor's recurrence, with the memory of every step
-as :func:`chkpt_opt.op_sequence.lower` counts it.
+(:mod:`chkpt_opt.solvers.nested_chain`) or a chain of blocks
+(:mod:`chkpt_opt.solvers.separator_chain`): rotor's recurrence, with the memory of every
+step as :func:`chkpt_opt.op_sequence.lower` counts it. Below, an op is a unit of the chain
+(a block's own tail before its last packer runs before the replay, with the tail).
 
 **Frames.** The top frame runs the forward pass; a region's frame is its replay. Either
 one is a partition of its span into *pieces*: plain ops (they save what their backward
