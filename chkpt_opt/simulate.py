@@ -15,10 +15,11 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph, region_overhead_s
-from chkpt_opt.op_sequence import lower
+from chkpt_opt.op_sequence import Step, lower
 from chkpt_opt.schedule import Schedule, check_schedule
 
 
@@ -74,6 +75,21 @@ class MemoryProfile:
         return self.recompute_s / base if base > 0 else 0.0
 
 
+def step_bytes(steps: Iterable[Step]) -> Iterator[tuple[Step, int, int]]:
+    """Each step of an op sequence with the bytes alive while it runs (transients
+    included) and once it is done."""
+    sizes: dict[str, int] = {}
+    live = 0
+    for step in steps:
+        for inst, nbytes in step.alloc:
+            sizes[inst] = nbytes
+            live += nbytes
+        during = live + step.transient_bytes
+        for inst in step.free:
+            live -= sizes.pop(inst)
+        yield step, during, live
+
+
 def simulate(graph: CostGraph, schedule: Schedule, *, check: bool = True) -> MemoryProfile:
     """Predicts the memory timeline, peak and compute cost of one step under ``schedule``.
 
@@ -85,22 +101,14 @@ def simulate(graph: CostGraph, schedule: Schedule, *, check: bool = True) -> Mem
     if check:
         check_schedule(graph, schedule)
     nodes = graph.nodes
-    sizes: dict[str, int] = {}
-    live = 0
     peak = 0
     peak_index = 0
     timeline: list[TimelinePoint] = []
     compute_s = recompute_s = 0.0
     recompute_flops = total_flops = 0
-    for position, step in enumerate(lower(graph, schedule)):
-        for inst, nbytes in step.alloc:
-            sizes[inst] = nbytes
-            live += nbytes
-        during = live + step.transient_bytes
+    for position, (step, during, live) in enumerate(step_bytes(lower(graph, schedule))):
         if during > peak:
             peak, peak_index = during, position
-        for inst in step.free:
-            live -= sizes.pop(inst)
         timeline.append(TimelinePoint(step.kind, step.node, during, live))
         if step.kind == "bwd":
             compute_s += nodes[step.node]["bwd_time_s"]

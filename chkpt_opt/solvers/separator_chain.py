@@ -42,6 +42,7 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
 from chkpt_opt.op_sequence import Step, lower
 from chkpt_opt.schedule import Schedule, cut_positions, nesting_allowed
+from chkpt_opt.simulate import step_bytes
 from chkpt_opt.solvers.nested_chain import NO_STEPS, NestedChain, positions
 from chkpt_opt.solvers.segments import last_reads
 
@@ -71,24 +72,19 @@ class _Timeline:
 
 def _timeline(steps: list[Step]) -> _Timeline:
     """The bytes of every step, as :func:`chkpt_opt.simulate.simulate` counts them."""
-    sizes: dict[str, int] = {}
     born: dict[str, int] = {}
     dies: dict[str, int] = {}
     during: list[int] = []
     after: list[int] = []
-    live = 0
-    for position, step in enumerate(steps):
-        for inst, nbytes in step.alloc:
-            sizes[inst] = nbytes
+    for position, (step, alive_during, alive_after) in enumerate(step_bytes(steps)):
+        during.append(alive_during)
+        after.append(alive_after)
+        for inst, _ in step.alloc:
             born[inst] = position
-            live += nbytes
-        during.append(live + step.transient_bytes)
         for inst in step.free:
-            live -= sizes.pop(inst)
             dies[inst] = position
-        after.append(live)
-    for inst in sizes:
-        dies[inst] = len(steps)
+    for inst in born:
+        dies.setdefault(inst, len(steps))  # held to the end of the step
     return _Timeline(during, after, born, dies)
 
 
