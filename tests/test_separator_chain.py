@@ -123,7 +123,7 @@ def test_dp_optimum_equals_brute_force_over_separator_schedules(seed: int) -> No
     keep_all = simulate(graph, Schedule()).peak_bytes
     lowest = min(p.peak_bytes for p in profiles)
     for budget in sorted({keep_all, (keep_all + lowest) // 2, lowest, lowest - 1}):
-        result = get_solver("dp_nested")(graph, budget)
+        result = get_solver("dp_nested", block_options=False)(graph, budget)
         assert_valid_result(graph, result, budget)
         assert result.stats["units"] == UNITS
         fitting = [p.recompute_s for p in profiles if p.peak_bytes <= budget]
@@ -167,7 +167,7 @@ def test_a_conservative_chain_bounds_its_optimum_with_its_slack(
     fractions = (0.95, 0.9, 0.8, 0.7)
     statuses = set()
     for budget in sorted({*(int(f * keep_all) for f in fractions), lowest, lowest - 1}):
-        result = get_solver("dp_nested")(graph, budget)
+        result = get_solver("dp_nested", block_options=False)(graph, budget)
         assert_valid_result(graph, result, budget)
         assert result.stats["model"] == "conservative"
         assert result.stats["slack_bytes"] == chain.slack_bytes

@@ -39,9 +39,13 @@ most ``stats["slack_bytes"]`` above the simulator: its plans fit as simulated, a
 optimum at the budget plus that slack bounds the optimum of the space (proven where the
 two meet; the lowest peak's bound is the DP's less the slack). What the DP proves over
 blocks holds over that space alone, which leaves keep-set schedules with other cuts out:
-it is reported in ``stats["space_proof"]``, never as the result's status or bound. Other
-graphs are refused with a :class:`~chkpt_opt.errors.SolverError` (use ``nested`` or
-``auto``).
+it is reported in ``stats["space_proof"]``, never as the result's status or bound. A
+block in no region may also run a keep-set schedule of its own, chosen among the options
+that the hierarchical solver's block programs find (once per distinct block, with
+``options_share`` of the time limit), each option's bytes read off the op sequence too
+(:mod:`~chkpt_opt.solvers.unit_options`; ``block_options=False`` leaves them out, and
+``stats["block_options"]`` counts them). Other graphs are refused with a
+:class:`~chkpt_opt.errors.SolverError` (use ``nested`` or ``auto``).
 
 Costs: per region span and way its input is held, a DP over its pieces (``O(cuts)`` per
 position and Pareto entry) per memory budget it is asked for, memoized over budget ranges:
@@ -87,6 +91,7 @@ from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.judge import check_prediction
 from chkpt_opt.solvers.nested_chain import (
     NestedChain,
+    Picks,
     Plan,
     plan_schedule,
     schedule_plan,
@@ -97,6 +102,7 @@ from chkpt_opt.solvers.nested_top import top_plan
 from chkpt_opt.solvers.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.separator_chain import UNITS, separator_chain
+from chkpt_opt.solvers.unit_options import with_options
 
 PEAK_STEPS = 20
 """The lowest-peak search climbs from a floor in steps of 1/20 of the budget (module
@@ -112,6 +118,12 @@ SPACE = (
 SEPARATOR_SPACE = (
     "nested schedules whose region boundaries are separators (cuts that one storage "
     "crosses), that cache nothing, and whose regions each hold an op that saves something"
+)
+
+
+OPTIONS_SPACE = (
+    ", with each block in no region running plain or one of its keep-set options (the "
+    "block programs of the hierarchical solver)"
 )
 
 
@@ -160,11 +172,14 @@ def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
     found = top_plan(NestedDp(chain, forced=forced), INF_BYTES)
     if found is None:
         raise SolverError("dp_nested could not evaluate the schedule; a bug.")
-    cost, peak, _ = found
+    cost, peak, _, _ = found
     return peak, cost
 
 
-@register("dp_nested", "exact DP over nested (multi-level) schedules of a simple chain")
+@register(
+    "dp_nested",
+    "exact DP over nested (multi-level) schedules of a simple chain, or of a graph's blocks",
+)
 @dataclass(frozen=True)
 class DpNestedSolver:
     """Exact rotor-style DP over nested schedules of a simple chain (module docstring).
@@ -176,11 +191,18 @@ class DpNestedSolver:
             the time limit cuts the full solve short), then over all of them.
         blocks: plan a graph that is no simple chain as its blocks between separators
             (:mod:`~chkpt_opt.solvers.separator_chain`); False refuses it.
+        block_options: over blocks, let a block in no region run a keep-set schedule of
+            its own (:mod:`~chkpt_opt.solvers.unit_options`).
+        options_share: the fraction of the time limit the block options' programs get.
+        seed: CP-SAT seed of those programs.
     """
 
     max_ops: int = 400
     coarse_cuts: tuple[int, ...] = (12, 24)
     blocks: bool = True
+    block_options: bool = True
+    options_share: float = 0.25
+    seed: int = 0
     name: str = "dp_nested"
 
     def __call__(
@@ -196,12 +218,23 @@ class DpNestedSolver:
             )
         chain = chain_of(graph, blocks=self.blocks)
         space = SPACE if chain.units != UNITS else SEPARATOR_SPACE
+        option_stats: dict[str, Any] = {}
+        if chain.units == UNITS and self.block_options:
+            try:
+                chain = with_options(
+                    graph, chain, deadline=deadline.share(self.options_share), seed=self.seed
+                )
+                space += OPTIONS_SPACE
+            except DeadlineExceeded as err:
+                option_stats["block_options_timed_out"] = str(err)
+            option_stats["block_options"] = sum(map(len, chain.options))
         if chain.n > self.max_ops:
             raise SolverError(
                 f"graph {graph.graph.get('name', '')!r} has {chain.n} ops, more than "
                 f"max_ops={self.max_ops} of dp_nested; raise max_ops or use solver 'nested'."
             )
         facts = {
+            **option_stats,
             "units": chain.units,
             "model": "exact" if chain.exact else "conservative",
             "slack_bytes": chain.slack_bytes,
@@ -335,27 +368,38 @@ def _peak_floor(chain: NestedChain) -> int:
     (a unit's backward, whole or split at a replay; its forward or run with its input and
     output; ``bwd_start``'s)."""
     c = chain
-    forward = max(min(c.w[i], c.w_run[i]) + c.a[i] + c.inp(i) for i in range(c.n))
-    backward = max(max(post, pre) for post, pre in zip(c.bwd_post, c.bwd_pre))
+    forward = max(
+        min([c.w[i], c.w_run[i], *(o.w for o in c.options_of(i))]) + c.a[i] + c.inp(i)
+        for i in range(c.n)
+    )
+    backward = max(
+        min([max(c.bwd_post[i], c.bwd_pre[i]), *(o.bwd for o in c.options_of(i))])
+        for i in range(c.n)
+    )
     return max(backward, forward, c.cb)
 
 
 def _judged(
-    graph: CostGraph, chain: NestedChain, found: tuple[float, int, Plan]
+    graph: CostGraph, chain: NestedChain, found: tuple[float, int, Plan, Picks]
 ) -> tuple[Schedule, MemoryProfile]:
     """Simulates the DP's plan and checks its prediction.
 
     Raises:
         SolverError: if the simulator and the DP disagree (a bug in dp_nested).
     """
-    cost, peak, plan = found
-    schedule = plan_schedule(graph, chain, plan)
+    cost, peak, plan, picks = found
+    schedule = plan_schedule(graph, chain, plan, picks)
     check_schedule(graph, schedule)
     profile = simulate(graph, schedule, check=False)
     # An exact model counts each step as the simulator does; a conservative one none
     # below it (its recompute time is exact either way).
     counted = peak if chain.exact or peak < profile.peak_bytes else profile.peak_bytes
     check_prediction(
-        graph, profile, peak_bytes=counted, cost_s=cost, model="dp_nested", what=f"plan {plan}"
+        graph,
+        profile,
+        peak_bytes=counted,
+        cost_s=cost,
+        model="dp_nested",
+        what=f"plan {plan} with unit options {picks}",
     )
     return schedule, profile

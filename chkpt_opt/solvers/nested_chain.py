@@ -40,8 +40,40 @@ from chkpt_opt.schedule import Schedule, cut_positions, region_tree
 Plan = tuple[tuple[int, int, tuple], ...]
 """A region tree: ``(start, stop, children)`` for each region at one level, by position."""
 
+Picks = tuple[tuple[int, int], ...]
+"""The unit options a plan runs: ``(unit, index into its options)``."""
+
 NO_STEPS = -(1 << 62)
 """The bytes of a part of a unit's backward that has no steps (below every sum)."""
+
+
+@dataclass(frozen=True)
+class UnitOption:
+    """A keep-set schedule inside one unit that runs in no region over units (see
+    :mod:`~chkpt_opt.solvers.unit_options`), with its bytes in the roles of the unit's
+    own facts in :class:`NestedChain`.
+
+    Attributes:
+        spans: ``[start, stop)`` op positions (in the graph's execution order) of its
+            regions.
+        cost_s: their recompute time.
+        w: bytes its forward step peaks at beyond its output (its input counted apart).
+        e: bytes it keeps from its forward to its backward besides its input and output.
+        sin, sout: whether it holds its input / its output until its backward.
+        bwd: bytes its backward (with its replays) peaks at, its input not counted, its
+            output counted where ``sout`` says (as ``NestedChain.bwd_base``).
+        slack_bytes: how many bytes the DP may count above the simulator at its steps
+            (0: exact).
+    """
+
+    spans: tuple[tuple[int, int], ...]
+    cost_s: float
+    w: int
+    e: int
+    sin: bool
+    sout: bool
+    bwd: int
+    slack_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +114,8 @@ class NestedChain:
             otherwise it counts no step below the simulator, and at most
             ``slack_bytes`` above it.
         units: what a unit is, for messages and stats.
+        options: per unit, the keep-set schedules inside it that the top frame may run it
+            with instead of plain (empty: none; :mod:`~chkpt_opt.solvers.unit_options`).
     """
 
     n: int
@@ -109,6 +143,11 @@ class NestedChain:
     exact: bool = True
     slack_bytes: int = 0
     units: str = "ops with the views of their outputs"
+    options: tuple[tuple[UnitOption, ...], ...] = ()
+
+    def options_of(self, p: int) -> tuple[UnitOption, ...]:
+        """The options of unit ``p`` (none where the chain has none)."""
+        return self.options[p] if self.options else ()
 
     def inp(self, p: int) -> int:
         """Bytes of unit ``p``'s input (0 for the first: the graph input is resident)."""
@@ -275,8 +314,9 @@ def positions(
     return tuple(fp), tuple(lp), tuple(prefix)
 
 
-def plan_schedule(graph: CostGraph, chain: NestedChain, plan: Plan) -> Schedule:
-    """The schedule of a region tree (positions count ``chain``'s units)."""
+def plan_schedule(graph: CostGraph, chain: NestedChain, plan: Plan, picks: Picks = ()) -> Schedule:
+    """The schedule of a region tree (positions count ``chain``'s units), with the unit
+    options ``picks`` (their regions are outermost ones)."""
     order = ordered_nodes(graph)
     at = chain.starts
     nested: list[tuple[int, int]] = []
@@ -288,8 +328,10 @@ def plan_schedule(graph: CostGraph, chain: NestedChain, plan: Plan) -> Schedule:
 
     for _, _, inner in plan:
         walk(inner)
+    outer = [(at[s], at[e]) for s, e, _ in plan]
+    outer += [span for u, k in picks for span in chain.options[u][k].spans]
     return Schedule(
-        regions=tuple(tuple(order[at[s] : at[e]]) for s, e, _ in plan),
+        regions=tuple(tuple(order[s:e]) for s, e in sorted(outer)),
         nested=tuple(
             tuple(order[s:e]) for s, e in sorted(set(nested), key=lambda x: (x[0], -x[1]))
         ),

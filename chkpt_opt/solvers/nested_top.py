@@ -2,19 +2,21 @@
 of the whole chain into plain ops and outermost regions (each solved as a region's frame by
 :meth:`~chkpt_opt.solvers.nested_dp.NestedDp.frame`), closed by ``bwd_start``. Its pieces keep
 what their backward needs through everything after them, as in a region's frame, but nothing
-outside holds bytes and nothing of it is recomputed."""
+outside holds bytes and nothing of it is recomputed. A plain unit of it may run one of its
+options instead (:mod:`~chkpt_opt.solvers.unit_options`: regions inside the unit)."""
 
 from __future__ import annotations
 
-from chkpt_opt.solvers.nested_chain import Plan
+from chkpt_opt.solvers.nested_chain import Picks, Plan
 from chkpt_opt.solvers.nested_dp import ALWAYS, KEY, NestedDp
 from chkpt_opt.solvers.nested_front import Entry, pieces, prune
 
 
-def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
+def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan, Picks] | None:
     """The best plan of the whole chain within ``budget_bytes`` (the cheapest, or with
     ``dp.peak_mode`` the one of lowest peak; ``INF_BYTES``: no budget): (recompute time,
-    predicted peak, outermost regions), or None when no plan fits."""
+    predicted peak, outermost regions, the unit options it runs), or None when no plan
+    fits."""
     c = dp.c
     n = c.n
     start: Entry = (0, 0.0, 0, 0.0, None, None)
@@ -31,19 +33,27 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
             for entry in prune(cands):
                 k_held = entry[0]
                 if plain:
-                    held_in = p > 0 and (ih or c.sin[p])
-                    need = max(
-                        c.w[p] + k_held + inp + c.a[p],
-                        c.bwd_base[p]
-                        + k_held
-                        + (inp if held_in else 0)
-                        + (c.a[p] if c.sout[p] and p < n - 1 else 0),
-                    )
-                    if need <= budget_bytes:
-                        kept = (inp if held_in else 0) + c.e[p]
-                        new = dp.extend(entry, kept, need, 0.0, None)
-                        state = bool(c.sout[p]) and p < n - 1
-                        pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
+                    # The unit plain, or running one of its options (its own regions).
+                    ways = [(None, c.w[p], c.e[p], c.sin[p], c.sout[p], c.bwd_base[p], 0.0)]
+                    if dp.forced is None:
+                        ways += [
+                            ((p, k), o.w, o.e, o.sin, o.sout, o.bwd, o.cost_s)
+                            for k, o in enumerate(c.options_of(p))
+                        ]
+                    for pick, w, e, sin, sout, bwd, cost_s in ways:
+                        held_in = p > 0 and (ih or sin)
+                        need = max(
+                            w + k_held + inp + c.a[p],
+                            bwd
+                            + k_held
+                            + (inp if held_in else 0)
+                            + (c.a[p] if sout and p < n - 1 else 0),
+                        )
+                        if need <= budget_bytes:
+                            kept = (inp if held_in else 0) + e
+                            new = dp.extend(entry, kept, need, cost_s, pick)
+                            state = bool(sout) and p < n - 1
+                            pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
                 run_body = c.w_run[p] + c.a[p]
                 i = p + 1
                 for q in ends:
@@ -75,4 +85,6 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
     if not finals:
         return None
     best = min(finals, key=lambda e: (e[1], e[2], e[3]))
-    return best[3], best[2], pieces(best)
+    found = pieces(best)
+    plan = tuple(x for x in found if len(x) == 3)
+    return best[3], best[2], plan, tuple(x for x in found if len(x) == 2)

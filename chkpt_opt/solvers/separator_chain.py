@@ -53,7 +53,7 @@ UNITS = "blocks between separators"
 
 
 @dataclass(frozen=True)
-class _Timeline:
+class Timeline:
     """Bytes alive at every step of an op sequence and when each instance lives."""
 
     during: list[int]
@@ -70,7 +70,7 @@ class _Timeline:
         )
 
 
-def _timeline(steps: list[Step]) -> _Timeline:
+def timeline(steps: list[Step]) -> Timeline:
     """The bytes of every step, as :func:`chkpt_opt.simulate.simulate` counts them."""
     born: dict[str, int] = {}
     dies: dict[str, int] = {}
@@ -85,7 +85,7 @@ def _timeline(steps: list[Step]) -> _Timeline:
             dies[inst] = position
     for inst in born:
         dies.setdefault(inst, len(steps))  # held to the end of the step
-    return _Timeline(during, after, born, dies)
+    return Timeline(during, after, born, dies)
 
 
 def separators(graph: CostGraph) -> dict[int, str]:
@@ -182,10 +182,10 @@ def separator_chain(graph: CostGraph) -> NestedChain:
     t_own = tuple(sum(times[s : s + k]) for (s, _), k in zip(units, replayed))
 
     keep = lower(graph, Schedule())
-    kept = _timeline(keep)
-    runs = _timeline(lower(graph, Schedule(regions=(tuple(order),))))
+    kept = timeline(keep)
+    runs = timeline(lower(graph, Schedule(regions=(tuple(order),))))
 
-    def inp_alive(tl: _Timeline, u: int, k: int, after: bool = False) -> int:
+    def inp_alive(tl: Timeline, u: int, k: int, after: bool = False) -> int:
         return a[u - 1] if u and tl.alive(f"f:{out_sid[u - 1]}", k, after=after) else 0
 
     # Kept bytes before each unit, as the DP counts them (checked against the sequence).
@@ -198,7 +198,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
     w_stop: list[int] = []
     loose: dict[int, str] = {}  # units whose windows the DP counts above the simulator
     for u, (s, t_) in enumerate(units):
-        read = _last_read(graph, order, s, t_, out_sid[u - 1]) if u else t_ - 1
+        read = last_read_in(graph, order, s, t_, out_sid[u - 1]) if u else t_ - 1
         fwd = []
         for tl, base_expected, out in ((kept, k_before[u], fwd), (runs, 0, None)):
             base = (tl.after[s - 1] - inp_alive(tl, u, s - 1, True)) if s else 0
@@ -318,7 +318,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
     )
 
 
-def _last_read(graph: CostGraph, order: list[str], start: int, stop: int, sid: str) -> int:
+def last_read_in(graph: CostGraph, order: list[str], start: int, stop: int, sid: str) -> int:
     """The position of the last op in ``start..stop-1`` that reads storage ``sid``."""
     readers = [
         i

@@ -1,0 +1,225 @@
+"""Keep-set schedules inside the blocks of a separator chain, as options of
+:mod:`~chkpt_opt.solvers.dp_nested`'s top frame: the hierarchical solver's block options
+lifted into the nested DP.
+
+Over blocks (:mod:`~chkpt_opt.solvers.separator_chain`) the DP's regions begin and end at
+separators, so a block is either plain or wholly inside regions. A block that runs in no
+region over blocks may instead run a keep-set schedule of its own (regions inside it, as
+the hierarchical solver's blocks do): it then keeps less from its forward to its backward
+and recomputes a little. Such a block still touches the rest of the step only through its
+input and output, so the top frame can weigh, per block, plain against each option, beside
+the regions over blocks.
+
+**Candidates** are the hierarchical solver's: one CP-SAT program per distinct block
+(:class:`~chkpt_opt.solvers.block_options.OptionPool`; identical repeated blocks are solved
+once), swept over caps on the block's own peak and kept bytes. Their worth in the DP is not
+taken from that program's model: **every option's bytes are read off the op sequence** of
+:func:`chkpt_opt.op_sequence.lower`, one lowering per round, with the round's option in
+every block that has one. A block's own bytes do not depend on what the other blocks run
+(only its input crosses into it), and what each block before it keeps is checked against
+what the DP counts, as :func:`~chkpt_opt.solvers.separator_chain.separator_chain` does for
+plain blocks.
+
+**Exactness.** The DP counts a block's input alive at every step of its forward and, where
+something holds it, of its backward. An option that holds its input itself (an op outside
+its regions saving it, or a region reading it) frees it inside its backward; where its
+steps peak after that, or after the input's last reader in the forward, the option counts
+up to the input's bytes too many (``slack_bytes``), as the chain's loose blocks do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from chkpt_opt.errors import SolverError
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
+from chkpt_opt.op_sequence import lower
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.solvers.block_options import OptionPool
+from chkpt_opt.solvers.blocks import fold_shared_lifetimes, make_blocks, split_model
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.interval_builder import build_interval_model
+from chkpt_opt.solvers.nested_chain import NestedChain, UnitOption
+from chkpt_opt.solvers.separator_chain import (
+    UNITS,
+    last_read_in,
+    separators,
+    timeline,
+)
+
+_log = logging.getLogger(__name__)
+
+Spans = tuple[tuple[int, int], ...]
+
+
+def with_options(
+    graph: CostGraph,
+    chain: NestedChain,
+    *,
+    deadline: Deadline,
+    seed: int = 0,
+    peak_levels: int = 3,
+    n_kept: int = 4,
+) -> NestedChain:
+    """``chain`` (a separator chain of ``graph``) with the options of its blocks (module
+    docstring); the block programs stop at ``deadline`` with what they found, the
+    lowerings raise ``DeadlineExceeded``."""
+    if chain.units != UNITS:
+        raise SolverError("unit options are read for chains of blocks only; a bug.")
+    candidates = _candidates(graph, chain, deadline, seed, peak_levels, n_kept)
+    found: list[list[UnitOption]] = [[] for _ in range(chain.n)]
+    for r in range(max(map(len, candidates), default=0)):
+        deadline.check("reading the block options off the op sequence")
+        picks = {u: spans[r] for u, spans in enumerate(candidates) if r < len(spans)}
+        for u, option in _read_round(graph, chain, picks).items():
+            found[u].append(option)
+    slack = max((o.slack_bytes for row in found for o in row), default=0)
+    return dataclasses.replace(
+        chain,
+        options=tuple(tuple(x) for x in found),
+        exact=chain.exact and not slack,
+        slack_bytes=max(chain.slack_bytes, slack),
+    )
+
+
+def _candidates(
+    graph: CostGraph,
+    chain: NestedChain,
+    deadline: Deadline,
+    seed: int,
+    peak_levels: int,
+    n_kept: int,
+) -> list[list[Spans]]:
+    """Per unit, the region spans of its keep-set options (none where the interval model
+    does not split at the separators)."""
+    none: list[list[Spans]] = [[] for _ in range(chain.n)]
+    blocks = make_blocks(graph, chain.starts)
+    try:
+        exact = build_interval_model(graph, segments=chain.starts, deadline=deadline)
+        model, _ = fold_shared_lifetimes(exact, blocks)
+        segments = split_model(model, blocks)
+    except SolverError as err:
+        _log.debug("no block options for graph %r: %s", graph.graph.get("name", ""), err)
+        return none
+    pools: dict[int, OptionPool] = {}
+    for u, (seg, kind) in enumerate(zip(segments, blocks.kinds)):
+        if kind in pools or not chain.packer[u] or deadline.expired():
+            continue
+        pools[kind] = OptionPool(model, seg, seed=seed, deadline=deadline)
+        pools[kind].sweep_levels(peak_levels, n_kept=n_kept)
+    found = []
+    for u, (seg, kind) in enumerate(zip(segments, blocks.kinds)):
+        pool = pools.get(kind) if chain.packer[u] else None
+        spans = [] if pool is None else [s for s in pool.found if s]
+        found.append([tuple((a + seg.lo, b + seg.lo) for a, b in s) for s in spans])
+    return found
+
+
+def _read_round(
+    graph: CostGraph, chain: NestedChain, picks: dict[int, Spans]
+) -> dict[int, UnitOption]:
+    """The options ``picks`` (one per unit at most), read off one lowering with all of
+    them; an option whose bytes the chain cannot count is left out (logged)."""
+    c = chain
+    nodes = graph.nodes
+    order = ordered_nodes(graph)
+    cuts = separators(graph)
+    out_sid = [*cuts.values(), next(iter(nodes[order[-1]]["outputs"]))]
+    if tuple([0, *cuts, len(order)]) != c.starts:
+        raise SolverError("the chain's units are not the graph's blocks; a bug.")
+    schedule = Schedule(
+        regions=tuple(tuple(order[i:j]) for u in sorted(picks) for i, j in picks[u])
+    )
+    steps = lower(graph, schedule)
+    tl = timeline(steps)
+    unit_of = {order[i]: u for u in range(c.n) for i in range(c.starts[u], c.starts[u + 1])}
+    window: list[list[int]] = [[] for _ in range(c.n)]
+    for k, step in enumerate(steps):
+        if step.kind in ("bwd", "accumulate", "recompute"):
+            window[unit_of[step.node]].append(k)
+
+    def inp_alive(u: int, k: int, after: bool = False) -> int:
+        return c.a[u - 1] if u and tl.alive(f"f:{out_sid[u - 1]}", k, after=after) else 0
+
+    read: dict[int, UnitOption] = {}
+    k_before = 0  # what the units before each one keep, as the DP counts it
+    holds_out = False  # whether the unit before holds its output until its backward
+    for u in range(c.n):
+        s, t = c.starts[u], c.starts[u + 1]
+        before_holds = holds_out
+        base = tl.after[s - 1] - inp_alive(u, s - 1, True) if s else 0
+        if base != k_before:
+            _log.debug("block options: unit %d keeps %d B before it, not %d", u, base, k_before)
+            return {}
+        if u not in picks:
+            held_in = u > 0 and (holds_out or c.sin[u])
+            k_before += (c.a[u - 1] if held_in else 0) + c.e[u]
+            holds_out = c.sout[u]
+            continue
+        spans = picks[u]
+        inside = {i for i, j in spans for i in range(i, j)}
+        sin = u > 0 and _holds_input(graph, order, s, t, spans, inside, out_sid[u - 1])
+        sout = any(out_sid[u] in nodes[order[i]]["saved"] for i in range(s, t) if i not in inside)
+        held_in = u > 0 and (before_holds or sin)
+        in_bytes = c.a[u - 1] if held_in else 0
+        e = tl.after[t - 1] - base - inp_alive(u, t - 1, True) - c.a[u]
+        k_before += in_bytes + e
+        holds_out = sout
+        if bool(inp_alive(u, t - 1, True)) != held_in or not window[u]:
+            _log.debug("block options: unit %d's input is held unlike the chain counts", u)
+            continue
+        ks = window[u]
+        if ks != list(range(ks[0], ks[-1] + 1)):
+            continue
+        fwd = [tl.during[k] - base - inp_alive(u, k) for k in range(s, t)]
+        last = last_read_in(graph, order, s, t, out_sid[u - 1]) if u else t - 1
+        own = [tl.during[k] - base - inp_alive(u, k) for k in ks]
+        out_term = c.a[u] if sout and u < c.n - 1 else 0
+        loose = max(fwd[: last - s + 1]) != max(fwd)
+        if sin:
+            # Held by the unit alone (not the unit before), the input is freed inside the
+            # backward: the DP counts it at every step. The round shows when it is freed
+            # only where the unit before does not hold it.
+            real = max(tl.during[k] - base for k in ks)
+            loose = loose or before_holds or real != max(own) + c.a[u - 1]
+        read[u] = UnitOption(
+            spans=spans,
+            cost_s=sum(
+                float(nodes[steps[k].node]["fwd_time_s"])
+                for k in ks
+                if steps[k].kind == "recompute"
+            ),
+            w=max(fwd) - c.a[u],
+            e=e,
+            sin=sin,
+            sout=sout,
+            bwd=max(own) - out_term,
+            slack_bytes=c.a[u - 1] if loose and u else 0,
+        )
+    return read
+
+
+def _holds_input(
+    graph: CostGraph,
+    order: list[str],
+    start: int,
+    stop: int,
+    spans: Spans,
+    inside: set[int],
+    sid: str,
+) -> bool:
+    """Whether ops ``start..stop-1`` with regions ``spans`` hold storage ``sid`` until their
+    backward: an op outside the regions saves it, or a region reads it (its checkpoint
+    keeps its inputs)."""
+    nodes = graph.nodes
+    index = {order[i]: i for i in range(start, stop)}
+    if any(sid in nodes[order[i]]["saved"] for i in range(start, stop) if i not in inside):
+        return True
+    return any(
+        sid in storage_refs(graph, p)
+        for i, j in spans
+        for k in range(i, j)
+        for p in graph.predecessors(order[k])
+        if index.get(p, -1) < i
+    )
