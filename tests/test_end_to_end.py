@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -11,9 +12,10 @@ import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import smallest_peak
 from chkpt_opt.measure import measure_step
+from chkpt_opt.simulate import simulate
 from tests.conftest import MODELS, budget_at
 
-N_BUDGETS = 4
+N_BUDGETS = 3
 LIMIT_S = 20.0  # these plans need a schedule that fits, not a proof of its optimality
 
 
@@ -84,6 +86,15 @@ def smallest_budget(model, args, kwargs) -> int:
     return full.static.resident_bytes + smallest_peak(full.graph, time_limit_s=LIMIT_S).peak_bytes
 
 
+def smallest_plan(model, args, kwargs) -> chkpt_opt.Plan:
+    """The plan of the lowest peak found (the plan at the smallest budget, without solving
+    a second time at that budget)."""
+    full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
+    lowest = smallest_peak(full.graph, time_limit_s=LIMIT_S)
+    assert lowest.schedule.regions
+    return dataclasses.replace(full, result=lowest, profile=simulate(full.graph, lowest.schedule))
+
+
 @pytest.mark.parametrize("name", ["gpt", "resnet"])
 def test_training_loop_matches_original_over_several_steps(name: str) -> None:
     """Dropout replays its random numbers and batch norm updates its statistics once per step,
@@ -91,10 +102,7 @@ def test_training_loop_matches_original_over_several_steps(name: str) -> None:
     model_a, args, kwargs = MODELS[name]()
     model_b, _, _ = MODELS[name]()
     model_b.load_state_dict(model_a.state_dict())
-    budget = smallest_budget(model_b, args, kwargs)
-    optimized = chkpt_opt.optimize(
-        model_b, args, example_kwargs=kwargs, budget=budget, optimizer=None, time_limit_s=LIMIT_S
-    )
+    optimized = smallest_plan(model_b, args, kwargs).apply()
     opt_a = torch.optim.AdamW(model_a.parameters(), lr=1e-3)
     opt_b = torch.optim.AdamW(model_b.parameters(), lr=1e-3)
     for step in range(3):
@@ -108,12 +116,15 @@ def test_training_loop_matches_original_over_several_steps(name: str) -> None:
 
 
 def test_original_model_is_not_modified() -> None:
-    model, args, kwargs = MODELS["gpt"]()
+    model, args, _kwargs = MODELS["gpt"]()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     modules_before = [type(m) for m in model.modules()]
     forward_before = type(model).forward
-    budget = smallest_budget(model, args, kwargs)
-    chkpt_opt.optimize(model, args, budget=budget, optimizer=None, time_limit_s=LIMIT_S)
+    # Any plan with regions will do: greedy's at half the store-everything peak.
+    budget = budget_at(model, args, 0.5)
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver="greedy")
+    assert plan.schedule.regions
+    plan.apply()
     assert [type(m) for m in model.modules()] == modules_before
     assert type(model).forward is forward_before
     for key, value in model.state_dict().items():
