@@ -11,8 +11,10 @@ import torch
 import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import smallest_peak
+from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measure import measure_step
 from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers.separator_chain import UNITS, separators
 from tests.conftest import MODELS, budget_at
 
 N_BUDGETS = 3
@@ -224,6 +226,30 @@ def test_exact_solver_plans_run_on_the_reference_gpt(solver: str) -> None:
     )
     assert plan.result.solver == solver and plan.result.feasible
     assert plan.schedule.regions, "a 60% budget needs recomputation"
+    report = chkpt_opt.validate(
+        model, plan.apply(), args, kwargs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=1
+    )
+    assert plan.static.resident_bytes + report.measured_peak_bytes <= budget, report.summary()
+    assert abs(report.prediction_error) <= 0.03, report.summary()
+    assert report.grads_bitwise_equal and report.outputs_bitwise_equal, report.summary()
+
+
+@pytest.mark.parametrize("name", ["encoder", "gpt"])
+def test_dp_nested_plans_over_blocks_run_as_predicted(name: str) -> None:
+    """A plan over the blocks between separators, with regions nested over blocks and
+    keep-set options inside blocks, measured when run (3-layer zoo transformers at half of
+    the store-everything peak)."""
+    model, args, kwargs = getattr(zoo, name)(n_layer=3)
+    budget = budget_at(model, args, 0.5)
+    plan = chkpt_opt.plan(
+        model, args, budget=budget, optimizer=None, solver="dp_nested", time_limit_s=LIMIT_S
+    )
+    assert plan.result.stats["units"] == UNITS and plan.result.feasible
+    order = ordered_nodes(plan.graph)
+    at = {v: i for i, v in enumerate(order)}
+    cuts = {0, *separators(plan.graph)}
+    assert plan.schedule.nested, "regions nest over blocks"
+    assert any(at[r[0]] not in cuts for r in plan.schedule.regions), "a block runs an option"
     report = chkpt_opt.validate(
         model, plan.apply(), args, kwargs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=1
     )
