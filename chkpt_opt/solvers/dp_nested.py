@@ -91,7 +91,6 @@ from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.judge import check_prediction
 from chkpt_opt.solvers.nested_chain import (
     NestedChain,
-    Picks,
     Plan,
     plan_schedule,
     schedule_plan,
@@ -172,7 +171,7 @@ def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
     found = top_plan(NestedDp(chain, forced=forced), INF_BYTES)
     if found is None:
         raise SolverError("dp_nested could not evaluate the schedule; a bug.")
-    cost, peak, _, _ = found
+    cost, peak, _ = found
     return peak, cost
 
 
@@ -380,15 +379,15 @@ def _peak_floor(chain: NestedChain) -> int:
 
 
 def _judged(
-    graph: CostGraph, chain: NestedChain, found: tuple[float, int, Plan, Picks]
+    graph: CostGraph, chain: NestedChain, found: tuple[float, int, Plan]
 ) -> tuple[Schedule, MemoryProfile]:
     """Simulates the DP's plan and checks its prediction.
 
     Raises:
         SolverError: if the simulator and the DP disagree (a bug in dp_nested).
     """
-    cost, peak, plan, picks = found
-    schedule = plan_schedule(graph, chain, plan, picks)
+    cost, peak, plan = found
+    schedule = plan_schedule(graph, chain, plan)
     check_schedule(graph, schedule)
     profile = simulate(graph, schedule, check=False)
     # An exact model counts each step as the simulator does; a conservative one none
@@ -400,6 +399,6 @@ def _judged(
         peak_bytes=counted,
         cost_s=cost,
         model="dp_nested",
-        what=f"plan {plan} with unit options {picks}",
+        what=f"plan {plan}",
     )
     return schedule, profile

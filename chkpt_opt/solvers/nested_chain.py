@@ -37,11 +37,10 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, edge_uses, ordered_nodes, storage_owners
 from chkpt_opt.schedule import Schedule, cut_positions, region_tree
 
-Plan = tuple[tuple[int, int, tuple], ...]
-"""A region tree: ``(start, stop, children)`` for each region at one level, by position."""
-
-Picks = tuple[tuple[int, int], ...]
-"""The unit options a plan runs: ``(unit, index into its options)``."""
+Plan = tuple[tuple, ...]
+"""A region tree: ``(start, stop, children)`` for each region at one level, by position,
+and ``(unit, k)`` for each plain unit there that runs its option ``k``
+(:attr:`NestedChain.options`)."""
 
 NO_STEPS = -(1 << 62)
 """The bytes of a part of a unit's backward that has no steps (below every sum)."""
@@ -58,6 +57,7 @@ class UnitOption:
             regions.
         cost_s: their recompute time.
         w: bytes its forward step peaks at beyond its output (its input counted apart).
+        w_run: the same when it runs inside a checkpoint (its regions nested there).
         e: bytes it keeps from its forward to its backward besides its input and output.
         sin, sout: whether it holds its input / its output until its backward.
         bwd: bytes its backward (with its replays) peaks at, its input not counted, its
@@ -69,6 +69,7 @@ class UnitOption:
     spans: tuple[tuple[int, int], ...]
     cost_s: float
     w: int
+    w_run: int
     e: int
     sin: bool
     sout: bool
@@ -114,7 +115,7 @@ class NestedChain:
             otherwise it counts no step below the simulator, and at most
             ``slack_bytes`` above it.
         units: what a unit is, for messages and stats.
-        options: per unit, the keep-set schedules inside it that the top frame may run it
+        options: per unit, the keep-set schedules inside it that a frame may run it
             with instead of plain (empty: none; :mod:`~chkpt_opt.solvers.unit_options`).
     """
 
@@ -314,22 +315,29 @@ def positions(
     return tuple(fp), tuple(lp), tuple(prefix)
 
 
-def plan_schedule(graph: CostGraph, chain: NestedChain, plan: Plan, picks: Picks = ()) -> Schedule:
-    """The schedule of a region tree (positions count ``chain``'s units), with the unit
-    options ``picks`` (their regions are outermost ones)."""
+def plan_schedule(graph: CostGraph, chain: NestedChain, plan: Plan) -> Schedule:
+    """The schedule of a region tree (positions count ``chain``'s units), with the regions
+    of the unit options it runs."""
     order = ordered_nodes(graph)
     at = chain.starts
     nested: list[tuple[int, int]] = []
 
     def walk(children: Plan) -> None:
-        for start, stop, inner in children:
+        for piece in children:
+            if len(piece) == 2:
+                nested.extend(chain.options[piece[0]][piece[1]].spans)
+                continue
+            start, stop, inner = piece
             nested.append((at[start], at[stop]))
             walk(inner)
 
-    for _, _, inner in plan:
-        walk(inner)
-    outer = [(at[s], at[e]) for s, e, _ in plan]
-    outer += [span for u, k in picks for span in chain.options[u][k].spans]
+    outer: list[tuple[int, int]] = []
+    for piece in plan:
+        if len(piece) == 2:
+            outer.extend(chain.options[piece[0]][piece[1]].spans)
+        else:
+            outer.append((at[piece[0]], at[piece[1]]))
+            walk(piece[2])
     return Schedule(
         regions=tuple(tuple(order[s:e]) for s, e in sorted(outer)),
         nested=tuple(

@@ -16,7 +16,9 @@ when op ``p - 1`` is a plain op saving its output (until its backward: the state
 ``p``) or the piece starting at ``p`` holds it (a plain op saving its input, or a child
 region, which keeps its input until its replay ends). A frame's DP keeps, per position and
 state, the Pareto front of (``K``, recompute time); every step of a piece is checked against
-the budget with the ``K`` of its entry.
+the budget with the ``K`` of its entry. Over blocks, a plain piece other than a region's
+first op and its last packer may run one of the block's options instead
+(:mod:`~chkpt_opt.solvers.unit_options`: the block's own regions, nested there).
 
 **A region's own frame** (what lower does): its replay is triggered before the backward of
 its last packer ``L`` (the last op in it that saves anything), runs from its first op up to
@@ -67,7 +69,6 @@ from chkpt_opt.solvers.nested_front import (
     piece_end,
     pieces,
     prune,
-    run_op_bytes,
     run_peak,
     split_outer,
     tail_run_bytes,
@@ -123,7 +124,19 @@ class NestedDp:
         self.cuts = [p for p in range(c.n + 1) if c.ok[p]] if cuts is None else list(cuts)
         usable = set(self.cuts)
         self.body = [c.w_run[i] + c.a[i] + (c.a[i - 1] if i else 0) for i in range(c.n)]
-        self.bwd = Rmq(list(c.bwd_base))
+        # The least backward bytes of each unit, plain or running one of its options.
+        self.bwd_min = [min([c.bwd_base[i], *(o.bwd for o in c.options_of(i))]) for i in range(c.n)]
+        self.bwd = Rmq(self.bwd_min)
+        # Bounds on a region's last packer's backward parts, no larger than the unit's
+        # least backward when options may run it (so that they grow with the region).
+        self.post_lb = [
+            min(c.bwd_post[i], self.bwd_min[i]) if c.options_of(i) else c.bwd_post[i]
+            for i in range(c.n)
+        ]
+        self.pre_lb = [
+            min(c.bwd_pre[i], self.bwd_min[i]) if c.options_of(i) else c.bwd_pre[i]
+            for i in range(c.n)
+        ]
         # ends[p]: where a region starting at p may stop (it must hold a packer).
         self.ends = [
             [q for q in self.cuts if q > c.fp[p]] if p < c.n and p in usable else []
@@ -248,7 +261,7 @@ class NestedDp:
             return None
         best = min(finals, key=lambda e: (e[1], e[2], e[3]))
         plan = pieces(best)
-        run = run_peak(c.w_run, c.a, a, b, plan, self.runs)
+        run = run_peak(c.w_run, c.a, a, b, plan, self.runs, c.options)
         return FrameResult(best[3], max(best[2], tail_peak), plan, run)
 
     def _plain(
@@ -261,40 +274,51 @@ class NestedDp:
         pending: dict[int, dict[tuple[bool, bool], list[Entry]]],
         finals: list[Entry],
     ) -> None:
-        """Extends ``entry`` by op ``p`` as a plain op of frame ``f``."""
+        """Extends ``entry`` by op ``p`` as a plain op of frame ``f``: as it is, or (neither
+        the frame's first nor its last packer) running one of its options."""
         c = self.c
         a, last, mode = f.a, f.last, f.mode
         if p > last:
             raise SolverError(f"op {p} lies past the last packer of {a}..{f.b}; a bug.")
-        if run_op_bytes(c.w_run, c.a, a, p) > f.r:
-            self.run_limited += 1
-            return
         k_held = entry[0]
         runs = p < last or c.sown[p]
         inp = c.a[p - 1] if p > a else 0
         o_alive = mode == ALWAYS or (p > a and (h1 or (mode == KEY and p >= c.fp[a])))
-        held_in = p > a and (ih or c.sin[p])
-        need = (
-            (c.bwd_post[p] if p == last else c.bwd_base[p])
-            + (f.ob if o_alive else 0)
-            + (f.eb if f.eb and p >= f.eth else 0)
-            + k_held
-            + (inp if held_in else 0)
-            + (c.a[p] if c.sout[p] else 0)
-        )
-        if runs:
-            w = c.w_stop[p] if p == last else c.w[p]
-            need = max(need, f.rec_const + w + k_held + inp + c.a[p])
-        if need > f.m:
-            return
-        cost = (c.t[p] if p < last else c.t_own[p]) if runs else 0.0
-        # What it holds for the pieces after it: its input where held, its own buffers.
-        new = self.extend(entry, (inp if held_in else 0) + c.e[p], need, cost, None)
-        if p == last:
-            finals.append(new)
-        else:
-            state = (c.sout[p], False if p == a else h1)
-            pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
+        outer = (f.ob if o_alive else 0) + (f.eb if f.eb and p >= f.eth else 0)
+        ways = [
+            (
+                None,
+                c.w_stop[p] if p == last else c.w[p],
+                c.w_run[p],
+                c.e[p],
+                c.sin[p],
+                c.sout[p],
+                c.bwd_post[p] if p == last else c.bwd_base[p],
+                (c.t[p] if p < last else c.t_own[p]) if runs else 0.0,
+            )
+        ]
+        if a < p < last and self.forced is None:
+            ways += [
+                ((p, k), o.w, o.w_run, o.e, o.sin, o.sout, o.bwd, c.t[p] + o.cost_s)
+                for k, o in enumerate(c.options_of(p))
+            ]
+        for piece, w, w_run, e, sin, sout, bwd, cost in ways:
+            if w_run + c.a[p] + inp > f.r:  # its run inside the frame's run
+                self.run_limited += 1
+                continue
+            held_in = p > a and (ih or sin)
+            need = bwd + outer + k_held + (inp if held_in else 0) + (c.a[p] if sout else 0)
+            if runs:
+                need = max(need, f.rec_const + w + k_held + inp + c.a[p])
+            if need > f.m:
+                continue
+            # What it holds for the pieces after it: its input where held, its own buffers.
+            new = self.extend(entry, (inp if held_in else 0) + e, need, cost, piece)
+            if p == last:
+                finals.append(new)
+            else:
+                state = (sout, False if p == a else h1)
+                pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
 
     def _children(
         self,
@@ -331,13 +355,13 @@ class NestedDp:
                     run_body = self.body[i]
                 i += 1
             while j < c.lp[q]:
-                if c.bwd_base[j] > whole:
-                    whole = c.bwd_base[j]
+                if self.bwd_min[j] > whole:
+                    whole = self.bwd_min[j]
                 j += 1
             star = q > f.last  # the piece holding the last packer: not run in the replay
             # What the child's steps need at least: the backward of its ops, its last
             # packer's from the replay on, and that packer's own tail unless hoisted.
-            lower = max(whole, c.bwd_post[j], NO_STEPS if star else c.bwd_pre[j])
+            lower = max(whole, self.post_lb[j], NO_STEPS if star else self.pre_lb[j])
             const_q, ext = const, (0, 0)
             if partial_o:
                 const_q, ext = split_outer(ob, c.fp[a], p, q, const_q, ext)

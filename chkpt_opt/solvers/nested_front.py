@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.solvers.nested_chain import Plan
+from chkpt_opt.solvers.nested_chain import Plan, UnitOption
 
 INF_BYTES = 1 << 62
 """No limit, in bytes."""
@@ -41,21 +41,35 @@ def run_op_bytes(w: tuple[int, ...], a: tuple[int, ...], start: int, i: int) -> 
 
 
 def run_peak(
-    w: tuple[int, ...], a: tuple[int, ...], start: int, stop: int, plan: Plan, memo: dict
+    w: tuple[int, ...],
+    a: tuple[int, ...],
+    start: int,
+    stop: int,
+    plan: Plan,
+    memo: dict,
+    options: tuple[tuple[UnitOption, ...], ...] = (),
 ) -> int:
     """The largest bytes of region ``[start, stop)`` with child regions ``plan`` running as
     a checkpoint: every op runs, and each nested region's input is held by its caller's
     code until the nested region returns (see :func:`chkpt_opt.op_sequence.lower`), on top
-    of what its ops need. ``memo`` caches it per region and plan."""
+    of what its ops need; a unit running one of its ``options`` runs with that option's
+    regions nested (never below its plain run). ``memo`` caches it per region and plan."""
     key = (start, stop, plan)
     if key in memo:
         return memo[key]
     best = 0
     i = start
-    for s, t, inner in plan:
+    for piece in plan:
+        if len(piece) == 2:
+            p, k = piece
+            best = max(best, options[p][k].w_run + a[p] + (a[p - 1] if p > start else 0))
+            continue
+        s, t, inner = piece
         held = a[s - 1] if s > start else 0
         best = max(
-            best, tail_run_bytes(w, a, start, i, s), held + run_peak(w, a, s, t, inner, memo)
+            best,
+            tail_run_bytes(w, a, start, i, s),
+            held + run_peak(w, a, s, t, inner, memo, options),
         )
         i = t
     best = max(best, tail_run_bytes(w, a, start, i, stop))

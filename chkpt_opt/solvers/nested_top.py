@@ -7,15 +7,15 @@ options instead (:mod:`~chkpt_opt.solvers.unit_options`: regions inside the unit
 
 from __future__ import annotations
 
-from chkpt_opt.solvers.nested_chain import Picks, Plan
+from chkpt_opt.solvers.nested_chain import Plan
 from chkpt_opt.solvers.nested_dp import ALWAYS, KEY, NestedDp
 from chkpt_opt.solvers.nested_front import Entry, pieces, prune
 
 
-def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan, Picks] | None:
+def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
     """The best plan of the whole chain within ``budget_bytes`` (the cheapest, or with
     ``dp.peak_mode`` the one of lowest peak; ``INF_BYTES``: no budget): (recompute time,
-    predicted peak, outermost regions, the unit options it runs), or None when no plan
+    predicted peak, outermost regions and the unit options it runs), or None when no plan
     fits."""
     c = dp.c
     n = c.n
@@ -63,7 +63,7 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan, Picks] 
                     run = k_held + inp + run_body
                     room = budget_bytes - k_held
                     last = c.lp[q]
-                    lower = max(dp.bwd(p, last - 1), c.bwd_post[last], c.bwd_pre[last])
+                    lower = max(dp.bwd(p, last - 1), dp.post_lb[last], dp.pre_lb[last])
                     if run > budget_bytes or (not dp.peak_mode and lower > room):
                         break  # both only grow with q
                     mode = ALWAYS if ih else KEY
@@ -85,6 +85,4 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan, Picks] 
     if not finals:
         return None
     best = min(finals, key=lambda e: (e[1], e[2], e[3]))
-    found = pieces(best)
-    plan = tuple(x for x in found if len(x) == 3)
-    return best[3], best[2], plan, tuple(x for x in found if len(x) == 2)
+    return best[3], best[2], pieces(best)

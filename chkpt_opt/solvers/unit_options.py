@@ -1,14 +1,16 @@
-"""Keep-set schedules inside the blocks of a separator chain, as options of
-:mod:`~chkpt_opt.solvers.dp_nested`'s top frame: the hierarchical solver's block options
-lifted into the nested DP.
+"""Keep-set schedules inside the blocks of a separator chain, as options of the frames of
+:mod:`~chkpt_opt.solvers.dp_nested`: the hierarchical solver's block options lifted into
+the nested DP.
 
 Over blocks (:mod:`~chkpt_opt.solvers.separator_chain`) the DP's regions begin and end at
-separators, so a block is either plain or wholly inside regions. A block that runs in no
-region over blocks may instead run a keep-set schedule of its own (regions inside it, as
-the hierarchical solver's blocks do): it then keeps less from its forward to its backward
-and recomputes a little. Such a block still touches the rest of the step only through its
-input and output, so the top frame can weigh, per block, plain against each option, beside
-the regions over blocks.
+separators. A block that is a plain piece of a frame (of the forward pass, or of a region's
+replay, there neither its first block nor the one holding its last packer) may instead run
+a keep-set schedule of its own (regions inside it, as the hierarchical solver's blocks do,
+nested in the region around it): it then keeps less from its forward to its backward and
+recomputes a little. Such a block still touches the rest of the step only through its
+input and output, so a frame can weigh, per block, plain against each option, beside the
+regions over blocks. Where the block runs inside a checkpoint, its regions nest there too
+and hold their inputs while they run (``UnitOption.w_run``).
 
 **Candidates** are the hierarchical solver's: one CP-SAT program per distinct block
 (:class:`~chkpt_opt.solvers.block_options.OptionPool`; identical repeated blocks are solved
@@ -23,8 +25,9 @@ plain blocks.
 **Exactness.** The DP counts a block's input alive at every step of its forward and, where
 something holds it, of its backward. An option that holds its input itself (an op outside
 its regions saving it, or a region reading it) frees it inside its backward; where its
-steps peak after that, or after the input's last reader in the forward, the option counts
-up to the input's bytes too many (``slack_bytes``), as the chain's loose blocks do.
+steps peak after that, or after the input's last reader in the forward or a run, the
+option counts up to the input's bytes too many, and more inside a region (``slack_bytes``,
+bounded as the chain's loose blocks are).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.nested_chain import NestedChain, UnitOption
 from chkpt_opt.solvers.separator_chain import (
     UNITS,
+    Timeline,
     last_read_in,
     separators,
     timeline,
@@ -133,14 +137,16 @@ def _read_round(
     )
     steps = lower(graph, schedule)
     tl = timeline(steps)
+    # The same options inside one region over the whole graph: their runs.
+    runs = timeline(lower(graph, Schedule(regions=(tuple(order),), nested=schedule.regions)))
     unit_of = {order[i]: u for u in range(c.n) for i in range(c.starts[u], c.starts[u + 1])}
     window: list[list[int]] = [[] for _ in range(c.n)]
     for k, step in enumerate(steps):
         if step.kind in ("bwd", "accumulate", "recompute"):
             window[unit_of[step.node]].append(k)
 
-    def inp_alive(u: int, k: int, after: bool = False) -> int:
-        return c.a[u - 1] if u and tl.alive(f"f:{out_sid[u - 1]}", k, after=after) else 0
+    def inp_alive(u: int, k: int, after: bool = False, seq: Timeline = tl) -> int:
+        return c.a[u - 1] if u and seq.alive(f"f:{out_sid[u - 1]}", k, after=after) else 0
 
     read: dict[int, UnitOption] = {}
     k_before = 0  # what the units before each one keep, as the DP counts it
@@ -149,7 +155,8 @@ def _read_round(
         s, t = c.starts[u], c.starts[u + 1]
         before_holds = holds_out
         base = tl.after[s - 1] - inp_alive(u, s - 1, True) if s else 0
-        if base != k_before:
+        run_base = runs.after[s - 1] - inp_alive(u, s - 1, True, runs) if s else 0
+        if base != k_before or run_base:
             _log.debug("block options: unit %d keeps %d B before it, not %d", u, base, k_before)
             return {}
         if u not in picks:
@@ -158,7 +165,7 @@ def _read_round(
             holds_out = c.sout[u]
             continue
         spans = picks[u]
-        inside = {i for i, j in spans for i in range(i, j)}
+        inside = {i for start, stop in spans for i in range(start, stop)}
         sin = u > 0 and _holds_input(graph, order, s, t, spans, inside, out_sid[u - 1])
         sout = any(out_sid[u] in nodes[order[i]]["saved"] for i in range(s, t) if i not in inside)
         held_in = u > 0 and (before_holds or sin)
@@ -173,10 +180,14 @@ def _read_round(
         if ks != list(range(ks[0], ks[-1] + 1)):
             continue
         fwd = [tl.during[k] - base - inp_alive(u, k) for k in range(s, t)]
+        run = [runs.during[k] - inp_alive(u, k, False, runs) for k in range(s, t)]
+        if max(run) < c.w_run[u] + c.a[u]:  # the DP counts a run at least at plain's
+            _log.debug("block options: unit %d runs below its plain run", u)
+            continue
         last = last_read_in(graph, order, s, t, out_sid[u - 1]) if u else t - 1
         own = [tl.during[k] - base - inp_alive(u, k) for k in ks]
         out_term = c.a[u] if sout and u < c.n - 1 else 0
-        loose = max(fwd[: last - s + 1]) != max(fwd)
+        loose = any(max(x[: last - s + 1]) != max(x) for x in (fwd, run))
         if sin:
             # Held by the unit alone (not the unit before), the input is freed inside the
             # backward: the DP counts it at every step. The round shows when it is freed
@@ -191,13 +202,26 @@ def _read_round(
                 if steps[k].kind == "recompute"
             ),
             w=max(fwd) - c.a[u],
+            w_run=max(run) - c.a[u],
             e=e,
             sin=sin,
             sout=sout,
             bwd=max(own) - out_term,
-            slack_bytes=c.a[u - 1] if loose and u else 0,
+            slack_bytes=_slack(c, u) if loose else 0,
         )
     return read
+
+
+def _slack(chain: NestedChain, u: int) -> int:
+    """What the DP may count above the simulator at the steps of unit ``u`` (as
+    :func:`~chkpt_opt.solvers.separator_chain.separator_chain` bounds a loose unit): its
+    input, and the inputs of regions starting in the run of units without packers before
+    it."""
+    extra, v = chain.inp(u), u - 1
+    while v > 0 and not chain.packer[v]:
+        extra += chain.a[v - 1]
+        v -= 1
+    return extra
 
 
 def _holds_input(
