@@ -15,7 +15,8 @@ Three parts, one results directory (``benchmarks/results/general_space``):
   against the original), ``dp_nested`` and the nested heuristic beside them.
 
 With ``--dp-nested``, the exact nested DP (``dp_nested``: simple chains, and the blocks
-between separators of other graphs; refused elsewhere) and the nested heuristic side by
+between separators of other graphs, each block free to run its own keep-set options;
+refused elsewhere) and the nested heuristic side by
 side: on the corpus graphs it accepts (columns ``dp_nested_*`` and ``nested_*``), and on
 the deep chain at the 0.75x budget and at its smallest peak (``deep_chain.dp_nested``).
 
