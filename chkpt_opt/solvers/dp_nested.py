@@ -219,13 +219,10 @@ class DpNestedSolver:
         space = SPACE if chain.units != UNITS else SEPARATOR_SPACE
         option_stats: dict[str, Any] = {}
         if chain.units == UNITS and self.block_options:
-            try:
-                chain = with_options(
-                    graph, chain, deadline=deadline.share(self.options_share), seed=self.seed
-                )
-                space += OPTIONS_SPACE
-            except DeadlineExceeded as err:
-                option_stats["block_options_timed_out"] = str(err)
+            chain = with_options(
+                graph, chain, deadline=deadline.share(self.options_share), seed=self.seed
+            )
+            space += OPTIONS_SPACE
             option_stats["block_options"] = sum(map(len, chain.options))
         if chain.n > self.max_ops:
             raise SolverError(

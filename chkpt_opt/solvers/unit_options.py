@@ -41,7 +41,7 @@ from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.solvers.block_options import OptionPool
 from chkpt_opt.solvers.blocks import fold_shared_lifetimes, make_blocks, split_model
-from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.nested_chain import NestedChain, UnitOption
 from chkpt_opt.solvers.separator_chain import (
@@ -67,14 +67,15 @@ def with_options(
     n_kept: int = 4,
 ) -> NestedChain:
     """``chain`` (a separator chain of ``graph``) with the options of its blocks (module
-    docstring); the block programs stop at ``deadline`` with what they found, the
-    lowerings raise ``DeadlineExceeded``."""
+    docstring): those found and read by ``deadline`` (the round under way finishes)."""
     if chain.units != UNITS:
         raise SolverError("unit options are read for chains of blocks only; a bug.")
     candidates = _candidates(graph, chain, deadline, seed, peak_levels, n_kept)
     found: list[list[UnitOption]] = [[] for _ in range(chain.n)]
     for r in range(max(map(len, candidates), default=0)):
-        deadline.check("reading the block options off the op sequence")
+        if deadline.expired():
+            _log.debug("block options: %d rounds read by the deadline", r)
+            break
         picks = {u: spans[r] for u, spans in enumerate(candidates) if r < len(spans)}
         for u, option in _read_round(graph, chain, picks).items():
             found[u].append(option)
@@ -103,7 +104,7 @@ def _candidates(
         exact = build_interval_model(graph, segments=chain.starts, deadline=deadline)
         model, _ = fold_shared_lifetimes(exact, blocks)
         segments = split_model(model, blocks)
-    except SolverError as err:
+    except (SolverError, DeadlineExceeded) as err:
         _log.debug("no block options for graph %r: %s", graph.graph.get("name", ""), err)
         return none
     pools: dict[int, OptionPool] = {}
