@@ -3,6 +3,7 @@ sizes, the validity check of a solver result, budgets between two peaks of a mod
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -11,10 +12,12 @@ import torch
 
 import chkpt_opt
 from chkpt_opt import zoo
+from chkpt_opt.api import smallest_peak
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import check_schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveResult, SolveStatus, get_solver
+from chkpt_opt.whole_step import activation_budget
 
 REL = 1e-9  # relative tolerance on compute costs (sums of floats in different orders)
 
@@ -90,6 +93,29 @@ def deep_chain_at_three_quarters() -> tuple[torch.nn.Module, torch.Tensor, CostG
     static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
     resident = static.param_bytes + static.input_bytes
     return model, x, graph, resident, int(0.75 * (keep_set_min + resident))
+
+
+def smallest_plan(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    *,
+    time_limit_s: float,
+) -> chkpt_opt.Plan:
+    """The plan of the lowest peak the solvers find (no optimizer), with that peak as its
+    budget: the plan at the smallest budget, without solving a second time there."""
+    full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
+    lowest = smallest_peak(full.graph, time_limit_s=time_limit_s)
+    total = full.static.resident_bytes + lowest.peak_bytes
+    budget, static, act = activation_budget(full.graph, total, optimizer=None)
+    return dataclasses.replace(
+        full,
+        result=lowest,
+        budget=budget,
+        static=static,
+        activation_budget_bytes=act,
+        profile=simulate(full.graph, lowest.schedule),
+    )
 
 
 def budget_at(model: torch.nn.Module, args: tuple[Any, ...], fraction: float) -> int:

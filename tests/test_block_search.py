@@ -76,7 +76,7 @@ def test_the_pruned_search_incumbent_is_the_best_of_its_warm_starts(
     rounded = bound_rounding(t5_graph, budget)
     assert_valid_result(t5_graph, rounded, budget)
     greedy = greedy_sweep(t5_graph, budget, time_limit_s=None)
-    best = incumbent(t5_graph, budget, time_limit_s=20)
+    best = incumbent(t5_graph, budget, time_limit_s=8)
     assert_valid_result(t5_graph, best, budget)
     for start in (rounded, greedy):
         if start.feasible:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -13,22 +12,30 @@ from chkpt_opt import zoo
 from chkpt_opt.api import smallest_peak
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measure import measure_step
+from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.separator_chain import UNITS, separators
-from tests.conftest import MODELS, budget_at
+from tests.conftest import MODELS, budget_at, smallest_plan
 
 N_BUDGETS = 3
 LIMIT_S = 20.0  # these plans need a schedule that fits, not a proof of its optimality
 
 
-def _budgets(model, args, kwargs):
-    """Budgets from the store-everything peak down to the smallest the solvers reach."""
-    full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
-    lowest = smallest_peak(full.graph, time_limit_s=LIMIT_S)
-    minimum = full.static.resident_bytes + lowest.peak_bytes
-    top = full.predicted_peak_bytes
+def _plans(model, args, kwargs):
+    """Plans from the store-everything peak down to the smallest the solvers reach (that one
+    as found, the others solved at their budgets)."""
+    smallest = smallest_plan(model, args, kwargs, time_limit_s=LIMIT_S)
+    keep_all = simulate(smallest.graph, Schedule()).peak_bytes
+    minimum = smallest.budget.total_bytes
+    top = smallest.static.resident_bytes + keep_all
     assert minimum < top, "checkpointing must be able to save memory on these models"
-    return [int(minimum + (top - minimum) * k / (N_BUDGETS - 1)) for k in range(N_BUDGETS)], full
+    budgets = [int(minimum + (top - minimum) * k / (N_BUDGETS - 1)) for k in range(N_BUDGETS)]
+    yield minimum, smallest
+    for budget in budgets[1:]:
+        plan = chkpt_opt.plan(
+            model, args, example_kwargs=kwargs, budget=budget, optimizer=None, time_limit_s=LIMIT_S
+        )
+        yield budget, plan
 
 
 @pytest.mark.parametrize(
@@ -38,12 +45,8 @@ def _budgets(model, args, kwargs):
 )
 def test_budget_sweep_meets_budget_predicts_peak_and_keeps_gradients(name: str) -> None:
     model, args, kwargs = MODELS[name]()
-    budgets, full = _budgets(model, args, kwargs)
     peaks = []
-    for budget in budgets:
-        plan = chkpt_opt.plan(
-            model, args, example_kwargs=kwargs, budget=budget, optimizer=None, time_limit_s=LIMIT_S
-        )
+    for budget, plan in _plans(model, args, kwargs):
         optimized = plan.apply()
         report = chkpt_opt.validate(
             model, optimized, args, kwargs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=1
@@ -56,14 +59,14 @@ def test_budget_sweep_meets_budget_predicts_peak_and_keeps_gradients(name: str) 
         assert report.buffers_bitwise_equal
         peaks.append(report.measured_peak_bytes)
     # The sweep really spans a range: the smallest budget forces recomputation.
-    assert peaks[0] < full.profile.peak_bytes
+    assert peaks[0] < simulate(plan.graph, Schedule()).peak_bytes
 
 
 def test_reference_gpt_meets_half_the_store_everything_peak_without_optimizer() -> None:
     model, args, kwargs = zoo.gpt()  # 8 layers, d_model 256, 4 heads, seq 256, batch 8
     full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
     budget = full.predicted_peak_bytes // 2
-    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, time_limit_s=LIMIT_S)
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, time_limit_s=8)
     assert plan.predicted_peak_bytes <= budget
     optimized = plan.apply()
     torch.manual_seed(0)
@@ -88,15 +91,6 @@ def smallest_budget(model, args, kwargs) -> int:
     return full.static.resident_bytes + smallest_peak(full.graph, time_limit_s=LIMIT_S).peak_bytes
 
 
-def smallest_plan(model, args, kwargs) -> chkpt_opt.Plan:
-    """The plan of the lowest peak found (the plan at the smallest budget, without solving
-    a second time at that budget)."""
-    full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
-    lowest = smallest_peak(full.graph, time_limit_s=LIMIT_S)
-    assert lowest.schedule.regions
-    return dataclasses.replace(full, result=lowest, profile=simulate(full.graph, lowest.schedule))
-
-
 @pytest.mark.parametrize("name", ["gpt", "resnet"])
 def test_training_loop_matches_original_over_several_steps(name: str) -> None:
     """Dropout replays its random numbers and batch norm updates its statistics once per step,
@@ -104,7 +98,7 @@ def test_training_loop_matches_original_over_several_steps(name: str) -> None:
     model_a, args, kwargs = MODELS[name]()
     model_b, _, _ = MODELS[name]()
     model_b.load_state_dict(model_a.state_dict())
-    optimized = smallest_plan(model_b, args, kwargs).apply()
+    optimized = smallest_plan(model_b, args, kwargs, time_limit_s=LIMIT_S).apply()
     opt_a = torch.optim.AdamW(model_a.parameters(), lr=1e-3)
     opt_b = torch.optim.AdamW(model_b.parameters(), lr=1e-3)
     for step in range(3):
@@ -221,9 +215,7 @@ def test_exact_solver_plans_run_on_the_reference_gpt(solver: str) -> None:
     model, args, kwargs = zoo.gpt()  # 8 layers, d_model 256, 4 heads, seq 256, batch 8
     budget = budget_at(model, args, 0.6)
     # Cut short, each returns its warm start or incumbent: the plan is what is under test.
-    plan = chkpt_opt.plan(
-        model, args, budget=budget, optimizer=None, solver=solver, time_limit_s=12
-    )
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver=solver, time_limit_s=6)
     assert plan.result.solver == solver and plan.result.feasible
     assert plan.schedule.regions, "a 60% budget needs recomputation"
     report = chkpt_opt.validate(

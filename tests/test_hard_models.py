@@ -28,6 +28,7 @@ from chkpt_opt.errors import ChkptOptError, ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measure import measure_step, preserved_state
 from chkpt_opt.schedule import Schedule
+from tests.conftest import smallest_plan
 
 STEPS = 3
 Context = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -142,15 +143,7 @@ def check_hard_model(
     initial = make().train()
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
     with context():
-        budget = smallest_budget(model, args, kwargs)
-        plan = chkpt_opt.plan(
-            model,
-            fresh(args),
-            example_kwargs=kwargs,
-            budget=budget,
-            optimizer=None,
-            time_limit_s=LIMIT_S,
-        )
+        plan = smallest_plan(model, fresh(args), kwargs, time_limit_s=LIMIT_S)
     covered = [n for n in plan.schedule.recomputed_nodes() if covers(plan.graph.nodes[n])]
     assert covered, f"no recompute region covers the op under test: {plan.schedule.regions}"
     optimized = plan.apply()
