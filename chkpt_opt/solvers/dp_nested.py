@@ -40,7 +40,8 @@ optimum at the budget plus that slack bounds the optimum of the space (proven wh
 two meet; the lowest peak's bound is the DP's less the slack). What the DP proves over
 blocks holds over that space alone, which leaves keep-set schedules with other cuts out:
 it is reported in ``stats["space_proof"]``, never as the result's status or bound. A
-block in no region may also run a keep-set schedule of its own, chosen among the options
+block may also run a keep-set schedule of its own (nested in the regions around it; the
+model is then conservative by the inputs its regions hold), chosen among the options
 that the hierarchical solver's block programs find (once per distinct block, with
 ``options_share`` of the time limit), each option's bytes read off the op sequence too
 (:mod:`~chkpt_opt.solvers.unit_options`; ``block_options=False`` leaves them out, and
@@ -153,12 +154,27 @@ def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
             region without an op that saves something.
     """
     chain = chain_of(graph)
-    plan = schedule_plan(graph, chain, schedule)
+    return evaluate_plan(chain, schedule_plan(graph, chain, schedule))
+
+
+def evaluate_plan(chain: NestedChain, plan: Plan) -> tuple[int, float]:
+    """Peak bytes and recompute time of ``plan`` (its unit options included) as the DP
+    counts them.
+
+    Raises:
+        SolverError: for a region without an op that saves something, or an option where
+            the DP does not run one.
+    """
     forced: dict[tuple[int, int] | None, set[tuple[int, int]]] = {None: set()}
+    picks: dict[tuple[int, int] | None, dict[int, int]] = {}
 
     def walk(key: tuple[int, int] | None, children: Plan) -> None:
         forced.setdefault(key, set())
-        for start, stop, inner in children:
+        for piece in children:
+            if len(piece) == 2:
+                picks.setdefault(key, {})[piece[0]] = piece[1]
+                continue
+            start, stop, inner = piece
             if chain.fp[start] >= stop:
                 raise SolverError(
                     f"the region at ops {start}..{stop - 1} holds no op that saves anything: "
@@ -168,7 +184,7 @@ def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
             walk((start, stop), inner)
 
     walk(None, plan)
-    found = top_plan(NestedDp(chain, forced=forced), INF_BYTES)
+    found = top_plan(NestedDp(chain, forced=forced, forced_picks=picks), INF_BYTES)
     if found is None:
         raise SolverError("dp_nested could not evaluate the schedule; a bug.")
     cost, peak, _ = found

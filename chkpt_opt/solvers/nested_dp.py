@@ -105,7 +105,8 @@ class NestedDp:
         cuts: the positions where regions may begin and end (allowed cuts of the chain;
             all of them by default).
         forced: evaluate one plan instead of optimizing: per frame span (``None`` for the
-            top frame), the child regions it must have; every other op is plain.
+            top frame), the child regions it must have; every other op is plain, or runs
+            the option ``forced_picks`` names for it there (per frame span, unit: index).
     """
 
     def __init__(
@@ -115,12 +116,14 @@ class NestedDp:
         deadline: Deadline = NO_DEADLINE,
         minimize_peak: bool = False,
         forced: dict[tuple[int, int] | None, set[tuple[int, int]]] | None = None,
+        forced_picks: dict[tuple[int, int] | None, dict[int, int]] | None = None,
         cuts: list[int] | None = None,
     ) -> None:
         c = self.c = chain
         self.deadline = deadline
         self.peak_mode = minimize_peak
         self.forced = forced
+        self.forced_picks = forced_picks or {}
         self.cuts = [p for p in range(c.n + 1) if c.ok[p]] if cuts is None else list(cuts)
         usable = set(self.cuts)
         self.body = [c.w_run[i] + c.a[i] + (c.a[i - 1] if i else 0) for i in range(c.n)]
@@ -157,6 +160,14 @@ class NestedDp:
             return [q for q in self.ends[p] if q <= b and (a < 0 or (p, q) != (a, b))]
         spans = self.forced.get((a, b) if a >= 0 else None, set())
         return [q for s, q in sorted(spans) if s == p]
+
+    def unit_ways(self, a: int, b: int, p: int) -> tuple[bool, list[int]]:
+        """Whether unit ``p``, a plain piece of frame ``[a, b)`` (``a < 0``: the top frame),
+        may run as it is, and the options it may run instead."""
+        if self.forced is None:
+            return True, list(range(len(self.c.options_of(p))))
+        pick = self.forced_picks.get((a, b) if a >= 0 else None, {}).get(p)
+        return pick is None, [] if pick is None else [pick]
 
     def plain_allowed(self, a: int, b: int, p: int) -> bool:
         if self.forced is None:
@@ -285,6 +296,9 @@ class NestedDp:
         inp = c.a[p - 1] if p > a else 0
         o_alive = mode == ALWAYS or (p > a and (h1 or (mode == KEY and p >= c.fp[a])))
         outer = (f.ob if o_alive else 0) + (f.eb if f.eb and p >= f.eth else 0)
+        as_is, picks = self.unit_ways(a, f.b, p)
+        if self.forced is not None and picks and not a < p < last:
+            raise SolverError(f"unit {p} runs an option as a region's first or last packer.")
         ways = [
             (
                 None,
@@ -296,11 +310,12 @@ class NestedDp:
                 c.bwd_post[p] if p == last else c.bwd_base[p],
                 (c.t[p] if p < last else c.t_own[p]) if runs else 0.0,
             )
-        ]
-        if a < p < last and self.forced is None:
+        ][: 1 if as_is else 0]
+        if a < p < last:
             ways += [
                 ((p, k), o.w, o.w_run, o.e, o.sin, o.sout, o.bwd, c.t[p] + o.cost_s)
-                for k, o in enumerate(c.options_of(p))
+                for k in picks
+                for o in (c.options_of(p)[k],)
             ]
         for piece, w, w_run, e, sin, sout, bwd, cost in ways:
             if w_run + c.a[p] + inp > f.r:  # its run inside the frame's run

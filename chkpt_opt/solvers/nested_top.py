@@ -34,12 +34,14 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
                 k_held = entry[0]
                 if plain:
                     # The unit plain, or running one of its options (its own regions).
+                    as_is, picks = dp.unit_ways(-1, n, p)
                     ways = [(None, c.w[p], c.e[p], c.sin[p], c.sout[p], c.bwd_base[p], 0.0)]
-                    if dp.forced is None:
-                        ways += [
-                            ((p, k), o.w, o.e, o.sin, o.sout, o.bwd, o.cost_s)
-                            for k, o in enumerate(c.options_of(p))
-                        ]
+                    ways = ways if as_is else []
+                    ways += [
+                        ((p, k), o.w, o.e, o.sin, o.sout, o.bwd, o.cost_s)
+                        for k in picks
+                        for o in (c.options_of(p)[k],)
+                    ]
                     for pick, w, e, sin, sout, bwd, cost_s in ways:
                         held_in = p > 0 and (ih or sin)
                         need = max(
