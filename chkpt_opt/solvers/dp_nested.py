@@ -407,11 +407,6 @@ def _judged(
     # below it (its recompute time is exact either way).
     counted = peak if chain.exact or peak < profile.peak_bytes else profile.peak_bytes
     check_prediction(
-        graph,
-        profile,
-        peak_bytes=counted,
-        cost_s=cost,
-        model="dp_nested",
-        what=f"plan {plan}",
+        graph, profile, peak_bytes=counted, cost_s=cost, model="dp_nested", what=f"plan {plan}"
     )
     return schedule, profile

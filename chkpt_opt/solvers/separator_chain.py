@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
@@ -118,6 +119,24 @@ def separators(graph: CostGraph) -> dict[int, str]:
     return found
 
 
+def unit_storages(graph: CostGraph, cuts: dict[int, str]) -> list[str]:
+    """The storage each unit between the separators ``cuts`` passes on: the one crossing
+    each separator, then the step output."""
+    return [*cuts.values(), next(iter(graph.nodes[ordered_nodes(graph)[-1]]["outputs"]))]
+
+
+def input_slack(a: Sequence[int], packer: Sequence[bool], u: int) -> int:
+    """What the DP may count above the simulator at a step of unit ``u`` that it counts
+    loosely: its input, and the inputs of the regions that start in the run of units
+    without packers before it (their checkpoints free those inputs at the unit's first
+    packer's backward)."""
+    extra, v = a[u - 1] if u else 0, u - 1
+    while v > 0 and not packer[v]:
+        extra += a[v - 1]
+        v -= 1
+    return extra
+
+
 def separator_chain(graph: CostGraph) -> NestedChain:
     """The chain of ``graph``'s blocks between separators, its bytes read off the op
     sequence (module docstring).
@@ -153,7 +172,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
     for v in order:
         if nodes[v]["n_saved"] > 0 and not nodes[v]["has_backward"]:
             raise refuse(f"op {v!r} saves tensors but runs no backward")
-    out_sid = [*cuts.values(), next(iter(nodes[order[-1]]["outputs"]))]
+    out_sid = unit_storages(graph, cuts)
     for u, ((s, t), sid) in enumerate(zip(units, out_sid)):
         if not s <= nodes[owners[sid]]["index"] < t:
             raise refuse(f"unit {u} (op {order[s]!r}) passes on a storage made before it")
@@ -280,13 +299,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
     # What the DP may count above the simulator at a step of a loose unit: its input, and
     # the inputs of the regions that start in the run of units without packers before it
     # (their checkpoints free those inputs at the unit's first packer's backward).
-    slack = 0
-    for u in loose:
-        extra, v = a[u - 1] if u else 0, u - 1
-        while v > 0 and not packers[v]:
-            extra += a[v - 1]
-            v -= 1
-        slack = max(slack, extra)
+    slack = max((input_slack(a, [bool(ops) for ops in packers], u) for u in loose), default=0)
     if loose:
         _log.debug("graph %r: dp_nested counts up to %d bytes too many at %s", name, slack, loose)
     return NestedChain(

@@ -52,9 +52,11 @@ from chkpt_opt.solvers.nested_chain import NestedChain, UnitOption
 from chkpt_opt.solvers.separator_chain import (
     UNITS,
     Timeline,
+    input_slack,
     last_read_in,
     separators,
     timeline,
+    unit_storages,
 )
 
 _log = logging.getLogger(__name__)
@@ -75,6 +77,9 @@ def with_options(
     docstring): those found and read by ``deadline`` (the round under way finishes)."""
     if chain.units != UNITS:
         raise SolverError("unit options are read for chains of blocks only; a bug.")
+    cuts = separators(graph)
+    if tuple([0, *cuts, graph.number_of_nodes()]) != chain.starts:
+        raise SolverError("the chain's units are not the graph's blocks; a bug.")
     candidates = _candidates(graph, chain, deadline, seed, peak_levels, n_kept)
     found: list[list[UnitOption]] = [[] for _ in range(chain.n)]
     for r in range(max(map(len, candidates), default=0)):
@@ -82,7 +87,7 @@ def with_options(
             _log.debug("block options: %d rounds read by the deadline", r)
             break
         picks = {u: spans[r] for u, spans in enumerate(candidates) if r < len(spans)}
-        for u, option in _read_round(graph, chain, picks).items():
+        for u, option in _read_round(graph, chain, cuts, picks).items():
             found[u].append(option)
     slack = max((o.slack_bytes for row in found for o in row), default=0)
     return dataclasses.replace(
@@ -127,17 +132,14 @@ def _candidates(
 
 
 def _read_round(
-    graph: CostGraph, chain: NestedChain, picks: dict[int, Spans]
+    graph: CostGraph, chain: NestedChain, cuts: dict[int, str], picks: dict[int, Spans]
 ) -> dict[int, UnitOption]:
     """The options ``picks`` (one per unit at most), read off one lowering with all of
     them; an option whose bytes the chain cannot count is left out (logged)."""
     c = chain
     nodes = graph.nodes
     order = ordered_nodes(graph)
-    cuts = separators(graph)
-    out_sid = [*cuts.values(), next(iter(nodes[order[-1]]["outputs"]))]
-    if tuple([0, *cuts, len(order)]) != c.starts:
-        raise SolverError("the chain's units are not the graph's blocks; a bug.")
+    out_sid = unit_storages(graph, cuts)
     schedule = Schedule(
         regions=tuple(tuple(order[i:j]) for u in sorted(picks) for i, j in picks[u])
     )
@@ -213,7 +215,9 @@ def _read_round(
             sin=sin,
             sout=sout,
             bwd=max(own) - out_term,
-            slack_bytes=max(_slack(c, u) if loose else 0, _nested_slack(graph, order, spans)),
+            slack_bytes=max(
+                input_slack(c.a, c.packer, u) if loose else 0, _nested_slack(graph, order, spans)
+            ),
         )
     return read
 
@@ -233,18 +237,6 @@ def _nested_slack(graph: CostGraph, order: list[str], spans: Spans) -> int:
                 if index[p] < start:
                     held.update(storage_refs(graph, p))
     return sum(int(nodes[owners[sid]]["outputs"][sid]) for sid in held if sid in owners)
-
-
-def _slack(chain: NestedChain, u: int) -> int:
-    """What the DP may count above the simulator at the steps of unit ``u`` (as
-    :func:`~chkpt_opt.solvers.separator_chain.separator_chain` bounds a loose unit): its
-    input, and the inputs of regions starting in the run of units without packers before
-    it."""
-    extra, v = chain.inp(u), u - 1
-    while v > 0 and not chain.packer[v]:
-        extra += chain.a[v - 1]
-        v -= 1
-    return extra
 
 
 def _holds_input(
