@@ -4,10 +4,13 @@ Run:
     python benchmarks/hf_models.py                      # every model, every peer
     python benchmarks/hf_models.py --models llama bert --skip-compile
     python benchmarks/hf_models.py --compile-models llama   # compiled peers on Llama only
+    python benchmarks/hf_models.py --device cuda --models llama gpt2 --skip-compile \
+        --width 1024 --batch 8 --seq 512 -o results/cuda/hf_models   # on a GPU
 
 Models: Hugging Face families built from configs with random weights (Llama, GPT-2, BERT,
 T5, ViT, Mixtral; :mod:`chkpt_opt.zoo.huggingface`, 6 layers of width 256, batch 4 x 256
-tokens) and the project's GPT-style zoo model. Per model, measured on the CPU in one process:
+tokens; --width and the like resize them) and the project's GPT-style zoo model. Per model,
+measured in one process on the CPU (or the GPU with --device cuda):
 
 * the original model, and the captured keep-all rewrite beside it (fidelity: the program
   chkpt_opt rewrites must cost what the model costs);
@@ -22,7 +25,8 @@ tokens) and the project's GPT-style zoo model. Per model, measured on the CPU in
   the solve, what ``chkpt_opt.plan`` takes.
 
 Peak: one forward+backward above parameters and inputs, from the CPU allocator's events
-(the same ruler for eager and compiled code), with gradients unset before every step.
+(the same ruler for eager and compiled code), with gradients unset before every step; on
+CUDA, the caching allocator's peak of a step after a first one.
 Prediction error: the plan's predicted peak against the storage tracker's exact peak of
 the same step (the quantity the tracer models). Time: median of interleaved steps as a
 ratio to the original, and the noise margin (twice the median absolute deviation of the
@@ -55,7 +59,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import Plan
-from chkpt_opt.measure import measure_step, measure_step_allocator, run_step
+from chkpt_opt.measure import device_of, measure_step, measure_step_allocator, run_step
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult
@@ -92,12 +96,22 @@ def _unset_grads(module: nn.Module) -> None:
 
 
 def allocator_peak(module: nn.Module, args: tuple[Any, ...]) -> int:
+    """The step's peak above what was allocated before it: on the CPU from the allocator's
+    events, on CUDA from the caching allocator's own peak (both see every allocation)."""
+    if device_of(module, args).type == "cuda":
+        return tracked_peak(module, args)
     _unset_grads(module)
     torch.manual_seed(0)
     return measure_step_allocator(module, args)
 
 
 def tracked_peak(module: nn.Module, args: tuple[Any, ...]) -> int:
+    """The step's peak as the tracer models it: the storage tracker's exact peak on the
+    CPU, the caching allocator's peak on CUDA (after a first step: cuBLAS takes its
+    workspaces on first use and keeps them, memory of the process, not of a step)."""
+    if device_of(module, args).type == "cuda":
+        _unset_grads(module)
+        run_step(module, args, {})
     _unset_grads(module)
     torch.manual_seed(0)
     return measure_step(module, args).peak_bytes
@@ -237,10 +251,23 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def built_on(name: str, device: str, sizes: dict[str, int]) -> tuple[nn.Module, tuple[Any, ...]]:
+    """Model ``name`` (the Hugging Face families at ``sizes``) and its inputs on ``device``."""
+    model, args, _ = MODELS[name](**(sizes if name in hf_zoo.FAMILIES else {}))
+    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    return model.to(device), tuple(move(a) for a in args)
+
+
 def run(
-    name: str, *, repeats: int, skip_compile: bool, time_limit_s: float
+    name: str,
+    *,
+    repeats: int,
+    skip_compile: bool,
+    time_limit_s: float,
+    device: str = "cpu",
+    sizes: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
-    model, args, _ = MODELS[name]()
+    model, args = built_on(name, device, sizes or {})
     start = time.perf_counter()
     base = chkpt_opt.plan(
         model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=True
@@ -423,8 +450,20 @@ def main() -> None:
     )
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per solve")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (peaks from its allocator)")
+    for size in ("layers", "width", "batch", "seq"):
+        parser.add_argument(
+            f"--{size}", type=int, help=f"the Hugging Face models' {size} (default: the zoo's)"
+        )
     parser.add_argument("-o", "--output", type=Path, default=Path("benchmarks/results/hf_models"))
     options = parser.parse_args()
+    if options.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {options.device}: torch sees no CUDA device here; use cpu")
+    sizes = {
+        size: getattr(options, size)
+        for size in ("layers", "width", "batch", "seq")
+        if getattr(options, size) is not None
+    }
     torch.set_num_threads(options.threads)
     options.output.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -437,6 +476,8 @@ def main() -> None:
             repeats=options.repeats,
             skip_compile=skip,
             time_limit_s=options.time_limit,
+            device=options.device,
+            sizes=sizes,
         )
         with (options.output / "hf_models.csv").open("w", newline="") as handle:
             writer = csv.DictWriter(handle, FIELDS, extrasaction="ignore")

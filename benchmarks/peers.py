@@ -167,7 +167,10 @@ def peers(model: nn.Module, args: tuple[Any, ...], *, skip_compile: bool) -> dic
 def timings(
     modules: dict[str, nn.Module], args: tuple[Any, ...], repeats: int
 ) -> dict[str, list[float]]:
-    """Interleaved step times: every round runs every module once."""
+    """Interleaved step times: every round runs every module once (on CUDA, from a
+    synchronized start to the step's last kernel)."""
+    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in modules}
     for module in modules.values():
         run_step(module, args, {})  # warm up
@@ -175,8 +178,10 @@ def timings(
         for name, module in modules.items():
             for p in module.parameters():
                 p.grad = None
+            sync()
             start = time.perf_counter()
             run_step(module, args, {})
+            sync()
             times[name].append(time.perf_counter() - start)
     return times
 

@@ -27,7 +27,7 @@ def test_plan_meets_budget_and_prediction_on_cuda(name: str) -> None:
         + full.static.optimizer_phase_bytes
         + full.profile.peak_bytes // 2
     )
-    plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw")
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw", time_limit_s=20)
     report = chkpt_opt.validate(
         model, plan.apply(), args, kwargs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=5
     )
@@ -42,7 +42,7 @@ def test_optimal_plan_admits_a_larger_batch_on_cuda() -> None:
     def build(batch: int):
         return _on_cuda(zoo.gpt(batch=batch))
 
-    result = max_batch_size(build, "1GB", optimizer="adamw", max_batch=256)
+    result = max_batch_size(build, "1GB", optimizer="adamw", max_batch=64, time_limit_s=5)
     print(
         f"max batch under 1 GB: {result.without_checkpointing} without, "
         f"{result.with_plan} with a plan"
