@@ -50,7 +50,9 @@ Graph attributes: ``format_version``, ``name``, ``param_bytes``, ``trainable_par
 ``buffer_bytes``, ``input_bytes``, ``largest_param_bytes``, ``n_trainable_tensors`` (for
 optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``, ``meta``),
 ``outputs`` (names of the nodes whose values the step returns), ``tracer``,
-``torch_version``, ``cost_model``.
+``torch_version``, ``cost_model``; optionally ``region_overhead_s`` and ``workspace_model``
+(``measured-cuda`` where the kernel workspace the allocator holds beyond tensors was measured
+on the device and added to the workspace attributes).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph
 from chkpt_opt.graphs.tracer.build import ProgressFn, build_cost_graph
 from chkpt_opt.graphs.tracer.capture import Captured, capture, normalize_inputs
+from chkpt_opt.graphs.tracer.device_workspace import Ruler, unseen_workspaces
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +52,12 @@ def trace_model(
 
     The model is traced in its current mode (call ``model.train()`` first to plan training)
     and is not modified. Parameters may live on any device, the meta device included: the
-    tracer only ever runs ops on fake tensors, unless ``profile_times`` asks it to time
-    every op's forward for real (then ``fwd_time_s`` is measured, ``bwd_time_s`` scaled by
-    the op's FLOP ratio, and the graph's ``cost_model`` says ``measured-<device>``).
+    tracer runs ops on fake tensors, unless ``profile_times`` asks it to time every op's
+    forward for real (then ``fwd_time_s`` is measured, ``bwd_time_s`` scaled by the op's
+    FLOP ratio, and the graph's ``cost_model`` says ``measured-<device>``). On CUDA every
+    op also runs once for real, forward and backward, to add the kernel workspace that the
+    caching allocator holds beyond its tensors (:mod:`.device_workspace`; the graph's
+    ``workspace_model`` says ``measured-cuda``).
     """
     if not isinstance(model, torch.nn.Module):
         raise TraceError(
@@ -71,6 +76,8 @@ def trace_model(
     _warn_opaque_spans(graph)
     if profile_times:
         _apply_measured_times(graph, captured)
+    if graph.graph.get("device_type") == "cuda":
+        add_unseen_workspaces(graph, captured)
     check_graph(graph)
     return Traced(graph=graph, captured=captured, args=args, kwargs=kwargs)
 
@@ -148,6 +155,38 @@ def _apply_measured_times(graph: CostGraph, captured: Captured) -> None:
         attrs["fwd_time_s"] = fwd
         attrs["bwd_time_s"] = fwd * ratio if attrs["has_backward"] else 0.0
     graph.graph["cost_model"] = f"measured-{graph.graph.get('device_type', 'cpu')}"
+
+
+def add_unseen_workspaces(
+    graph: CostGraph, captured: Captured, allocator: Callable[[], Ruler] | None = None
+) -> None:
+    """Adds to every op's forward and backward workspace what the device's allocator
+    (``allocator`` makes its ruler; default CUDA's) held beyond the tensor storages while
+    the op ran (see :mod:`.device_workspace`)."""
+    nodes = {name: bool(attrs["has_backward"]) for name, attrs in graph.nodes(data=True)}
+    try:
+        unseen = unseen_workspaces(
+            captured.module, captured.flat_inputs, nodes, allocator=allocator
+        )
+    except Exception as err:  # the plan stands on the probe's workspace, as on the CPU
+        log.warning(
+            "could not measure kernel workspace on the device (%s: %s); predictions leave "
+            "out what kernels take beyond their tensors",
+            type(err).__name__,
+            err,
+        )
+        return
+    for name, (forward, backward) in unseen.items():
+        attrs = graph.nodes[name]
+        attrs["fwd_workspace_bytes"] += forward
+        if attrs["has_backward"]:
+            attrs["bwd_workspace_bytes"] += backward
+    graph.graph["workspace_model"] = f"measured-{graph.graph['device_type']}"
+    log.info(
+        "kernel workspace unseen by the tracer: %d ops, at most %d bytes",
+        sum(1 for f, b in unseen.values() if f or b),
+        max((max(f, b) for f, b in unseen.values()), default=0),
+    )
 
 
 def _alike_ops_alike_times(graph: CostGraph, times: dict[str, float]) -> dict[str, float]:
