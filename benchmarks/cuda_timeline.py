@@ -97,6 +97,7 @@ def case(name: str) -> dict[str, Any]:
         steps[f"{label} cold"] = stepped(module, args)
         steps[f"{label} warm"] = stepped(module, args)
     return {
+        "budget_bytes": plan.budget.total_bytes,
         "predicted_peak_bytes": plan.profile.peak_bytes,
         "keep_all_predicted_bytes": chkpt_opt.simulate(plan.graph, chkpt_opt.Schedule()).peak_bytes,
         "schedule": plan.result.schedule.to_dict(),

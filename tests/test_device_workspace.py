@@ -26,6 +26,26 @@ class _Hidden(StorageRuler):
         return super().peak_bytes() + self.hidden_bytes
 
 
+class _FirstUseLibrary(StorageRuler):
+    """Takes ``kept_bytes`` in the first op it measures and keeps them, as cuBLAS keeps the
+    workspace it takes on a thread's first call."""
+
+    def __init__(self, tracker: StorageTracker, kept_bytes: int) -> None:
+        super().__init__(tracker)
+        self.kept_bytes = kept_bytes
+        self.calls = 0
+
+    def start(self) -> None:
+        super().start()
+        self.calls += 1
+
+    def peak_bytes(self) -> int:
+        return super().peak_bytes() + (self.kept_bytes if self.calls == 1 else 0)
+
+    def live_bytes(self) -> int:
+        return super().live_bytes() + (self.kept_bytes if self.calls == 1 else 0)
+
+
 def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -69,6 +89,20 @@ def test_hidden_scratch_lands_on_every_op_forward_and_on_backwards_that_run() ->
         assert attrs["fwd_workspace_bytes"] == fwd + hidden, name
         assert attrs["bwd_workspace_bytes"] == bwd + (hidden if attrs["has_backward"] else 0), name
     assert chkpt_opt.simulate(graph, chkpt_opt.Schedule()).peak_bytes == keep_all + hidden
+
+
+def test_memory_a_library_takes_once_and_keeps_is_no_op_workspace() -> None:
+    model, args = _mlp()
+    traced = trace_model(model, args)
+    nodes = {n: bool(a["has_backward"]) for n, a in traced.graph.nodes(data=True)}
+    with StorageTracker() as outer:
+        unseen = unseen_workspaces(
+            traced.captured.module,
+            traced.captured.flat_inputs,
+            nodes,
+            allocator=lambda: _FirstUseLibrary(outer, 32 << 20),
+        )
+    assert all(found == (0, 0) for found in unseen.values()), unseen
 
 
 def test_the_measuring_run_leaves_buffers_and_rng_as_they_were() -> None:

@@ -12,8 +12,10 @@ that much where such an op runs at the peak.
 every op, forward as the graph runs and backward alone (on the op's inputs, detached): the
 device's allocator and the storage tracker, the probe's ruler. What the allocator peaked at
 beyond the tracker's peak (both counted from the op's start) is what the probe could not
-see; the tracer adds it to the op's forward and backward workspace. The allocator's 512-byte
-rounding of each block counts too: it is memory the step really takes.
+see; the tracer adds it to the op's forward and backward workspace. What the allocator still
+holds after the op beyond its tensors was taken once and kept (cuBLAS takes a workspace per
+thread on its first call), memory of the process rather than of a step, and is left out.
+The allocator's 512-byte rounding of each block counts: the step really takes it.
 """
 
 from __future__ import annotations
@@ -161,7 +163,11 @@ class _Measuring(torch.fx.Interpreter):
             ruler.start()
         value = run()
         allocator, storages = (ruler.peak_bytes() for ruler in self.rulers)
-        return value, max(0, allocator - storages)
+        # What the allocator still holds that no tensor does was taken once and kept (a
+        # library's workspace on its first use, per thread): memory of the process, held
+        # before any step, not scratch of this op.
+        kept = max(0, self.rulers[0].live_bytes() - self.rulers[1].live_bytes())
+        return value, max(0, allocator - kept - storages)
 
     def _requires(self, node: torch.fx.Node, value: Any) -> bool:
         tensors = [x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
