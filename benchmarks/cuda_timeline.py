@@ -61,14 +61,9 @@ def stepped(module: torch.nn.Module, args: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
-def on_cuda(built: Any) -> tuple[torch.nn.Module, tuple[Any, ...]]:
-    model, args, _ = built
-    return model.cuda(), tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
-
-
 def case(name: str) -> dict[str, Any]:
     if name == "resnet":
-        model, args = on_cuda(zoo.resnet())
+        model, args, _ = zoo.on_device(zoo.resnet(), "cuda")
         full = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw")
         budget = (
             full.static.resident_bytes
@@ -77,7 +72,7 @@ def case(name: str) -> dict[str, Any]:
         )
         plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw", time_limit_s=20)
     else:
-        model, args = on_cuda(zoo.relu_chain())
+        model, args, _ = zoo.on_device(zoo.relu_chain(), "cuda")
         try:
             plan = chkpt_opt.plan(
                 model, args, budget="39.2MiB", optimizer=None, solver="dp_nested", time_limit_s=30

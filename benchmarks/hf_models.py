@@ -253,9 +253,10 @@ def log(text: str) -> None:
 
 def built_on(name: str, device: str, sizes: dict[str, int]) -> tuple[nn.Module, tuple[Any, ...]]:
     """Model ``name`` (the Hugging Face families at ``sizes``) and its inputs on ``device``."""
-    model, args, _ = MODELS[name](**(sizes if name in hf_zoo.FAMILIES else {}))
-    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
-    return model.to(device), tuple(move(a) for a in args)
+    model, args, _ = zoo.on_device(
+        MODELS[name](**(sizes if name in hf_zoo.FAMILIES else {})), device
+    )
+    return model, args
 
 
 def run(

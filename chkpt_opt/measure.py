@@ -12,15 +12,14 @@ exactly (:class:`~chkpt_opt.graphs.tracer.storage.StorageTracker`); on CUDA it i
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
 
+from chkpt_opt.graphs.tracer.module_state import preserved_state as preserved_state
 from chkpt_opt.graphs.tracer.storage import StorageTracker
 
 
@@ -101,29 +100,6 @@ def time_step(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
-
-
-@contextlib.contextmanager
-def preserved_state(module: torch.nn.Module) -> Iterator[None]:
-    """Restores buffers, gradients and the RNG state of ``module`` on exit."""
-    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    grads = {
-        name: (p.grad.detach().clone() if p.grad is not None else None)
-        for name, p in module.named_parameters()
-    }
-    rng = torch.random.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for name, b in module.named_buffers():
-                b.copy_(buffers[name])
-            for name, p in module.named_parameters():
-                p.grad = grads[name]
-        torch.random.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 class _TimelineTracker(StorageTracker):

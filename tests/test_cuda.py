@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import chkpt_opt
 from chkpt_opt import zoo
@@ -12,15 +11,9 @@ from chkpt_opt.bench.max_batch import max_batch_size
 pytestmark = pytest.mark.cuda
 
 
-def _on_cuda(built):
-    model, args, kwargs = built
-    move = lambda t: t.cuda() if isinstance(t, torch.Tensor) else t  # noqa: E731
-    return model.cuda(), tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
-
-
 @pytest.mark.parametrize("name", ["gpt", "resnet"])
 def test_plan_meets_budget_and_prediction_on_cuda(name: str) -> None:
-    model, args, kwargs = _on_cuda(getattr(zoo, name)())
+    model, args, kwargs = zoo.on_device(getattr(zoo, name)(), "cuda")
     full = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw")
     budget = (
         full.static.resident_bytes
@@ -40,7 +33,7 @@ def test_plan_meets_budget_and_prediction_on_cuda(name: str) -> None:
 
 def test_optimal_plan_admits_a_larger_batch_on_cuda() -> None:
     def build(batch: int):
-        return _on_cuda(zoo.gpt(batch=batch))
+        return zoo.on_device(zoo.gpt(batch=batch), "cuda")
 
     result = max_batch_size(build, "1GB", optimizer="adamw", max_batch=64, time_limit_s=5)
     print(

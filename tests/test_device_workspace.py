@@ -46,6 +46,24 @@ class _FirstUseLibrary(StorageRuler):
         return super().live_bytes() + (self.kept_bytes if self.calls == 1 else 0)
 
 
+def _unseen(
+    model: torch.nn.Module, args: tuple[torch.Tensor, ...], ruler: type[StorageRuler], *extra: int
+) -> dict[str, tuple[int, int]]:
+    """The unseen workspace of every op of ``model``, the allocator being a ``ruler`` over
+    a tracker around the run (built with ``extra`` arguments)."""
+    traced = trace_model(model, args)
+    nodes = {n: bool(a["has_backward"]) for n, a in traced.graph.nodes(data=True)}
+    with StorageTracker() as outer:
+        found = unseen_workspaces(
+            traced.captured.module,
+            traced.captured.flat_inputs,
+            nodes,
+            allocator=lambda: ruler(outer, *extra),
+        )
+    assert set(found) == set(nodes)
+    return found
+
+
 def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -58,17 +76,7 @@ def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     "build", [_mlp, lambda: zoo.gpt(n_layer=1, d_model=32, n_head=2, seq_len=8, batch=2)[:2]]
 )
 def test_an_allocator_that_sees_what_the_tracker_sees_adds_nothing(build) -> None:
-    model, args = build()
-    traced = trace_model(model, args)
-    nodes = {n: bool(a["has_backward"]) for n, a in traced.graph.nodes(data=True)}
-    with StorageTracker() as outer:
-        unseen = unseen_workspaces(
-            traced.captured.module,
-            traced.captured.flat_inputs,
-            nodes,
-            allocator=lambda: StorageRuler(outer),
-        )
-    assert set(unseen) == set(nodes)
+    unseen = _unseen(*build(), StorageRuler)
     assert all(found == (0, 0) for found in unseen.values()), unseen
 
 
@@ -92,31 +100,14 @@ def test_hidden_scratch_lands_on_every_op_forward_and_on_backwards_that_run() ->
 
 
 def test_memory_a_library_takes_once_and_keeps_is_no_op_workspace() -> None:
-    model, args = _mlp()
-    traced = trace_model(model, args)
-    nodes = {n: bool(a["has_backward"]) for n, a in traced.graph.nodes(data=True)}
-    with StorageTracker() as outer:
-        unseen = unseen_workspaces(
-            traced.captured.module,
-            traced.captured.flat_inputs,
-            nodes,
-            allocator=lambda: _FirstUseLibrary(outer, 32 << 20),
-        )
+    unseen = _unseen(*_mlp(), _FirstUseLibrary, 32 << 20)
     assert all(found == (0, 0) for found in unseen.values()), unseen
 
 
 def test_the_measuring_run_leaves_buffers_and_rng_as_they_were() -> None:
     model, args, _ = zoo.resnet(widths=(8, 16), blocks_per_stage=1, image=16, batch=4)
-    traced = trace_model(model, args)
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     rng = torch.random.get_rng_state()
-    nodes = {n: bool(a["has_backward"]) for n, a in traced.graph.nodes(data=True)}
-    with StorageTracker() as outer:
-        unseen_workspaces(
-            traced.captured.module,
-            traced.captured.flat_inputs,
-            nodes,
-            allocator=lambda: StorageRuler(outer),
-        )
+    _unseen(model, args, StorageRuler)
     assert all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())
     assert torch.equal(torch.random.get_rng_state(), rng)

@@ -23,7 +23,7 @@ FAMILIES = {
     transformers: ("gpt", "encoder", "vit", "hf_gpt2"),
     convnets: ("resnet", "unet", "vgg", "mobilenet"),
     chains: ("mlp", "relu_chain"),
-    common: ("n_params", "param_mib"),
+    common: ("n_params", "on_device", "param_mib"),
 }
 
 
@@ -43,3 +43,12 @@ def test_builder_returns_a_training_model_and_a_scalar_loss(name: str) -> None:
     loss = model(*args, **kwargs)
     assert loss.shape == torch.Size([])
     assert zoo.n_params(model) > 0 and zoo.param_mib(model) > 0
+
+
+def test_on_device_moves_the_model_and_every_tensor_input() -> None:
+    model = torch.nn.Linear(2, 2)
+    built = (model, (torch.ones(1, 2), 3), {"mask": torch.zeros(2), "flag": True})
+    moved, args, kwargs = zoo.on_device(built, "meta")
+    assert moved.weight.device.type == "meta"
+    assert args[0].device.type == "meta" and args[1] == 3
+    assert kwargs["mask"].device.type == "meta" and kwargs["flag"] is True

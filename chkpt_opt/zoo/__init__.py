@@ -19,7 +19,7 @@ Example:
 from chkpt_opt.zoo.chains import MLP as MLP
 from chkpt_opt.zoo.chains import mlp, relu_chain
 from chkpt_opt.zoo.common import Built as Built
-from chkpt_opt.zoo.common import n_params, param_mib
+from chkpt_opt.zoo.common import n_params, on_device, param_mib
 from chkpt_opt.zoo.convnets import BasicBlock as BasicBlock
 from chkpt_opt.zoo.convnets import InvertedResidual as InvertedResidual
 from chkpt_opt.zoo.convnets import ResNet as ResNet
@@ -40,6 +40,7 @@ __all__ = [
     "mlp",
     "mobilenet",
     "n_params",
+    "on_device",
     "param_mib",
     "relu_chain",
     "resnet",

@@ -21,14 +21,14 @@ The allocator's 512-byte rounding of each block counts: the step really takes it
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from chkpt_opt.graphs.tracer.module_state import preserved_state
 from chkpt_opt.graphs.tracer.storage import StorageTracker
 
 log = logging.getLogger(__name__)
@@ -106,25 +106,9 @@ def unseen_workspaces(
     make = allocator or (lambda: CudaAllocatorRuler(device))
     tracker = StorageTracker()
     runner = _Measuring(module, nodes, make(), StorageRuler(tracker))
-    with _restored(module, device), torch.no_grad(), tracker:
+    with preserved_state(module), torch.no_grad(), tracker:
         runner.run(*flat_inputs)
     return runner.found
-
-
-@contextmanager
-def _restored(module: torch.nn.Module, device: torch.device) -> Iterator[None]:
-    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    rng = torch.random.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for name, b in module.named_buffers():
-                b.copy_(buffers[name])
-        torch.random.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng, device)
 
 
 class _Measuring(torch.fx.Interpreter):

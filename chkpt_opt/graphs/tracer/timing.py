@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from chkpt_opt.graphs.tracer.module_state import preserved_state
+
 CALIBRATION_CALLS = 200
 """Calls of the no-work node timed to measure the interpreter's overhead."""
 
@@ -41,17 +43,9 @@ def measure_forward_times(
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     samples: dict[str, list[float]] = {}
     timer = _timer_class(sync, samples)
-    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    rng = torch.random.get_rng_state()
-    try:
-        with torch.no_grad():
-            for _ in range(repeats + 1):
-                timer(module).run(*flat_inputs)
-    finally:
-        with torch.no_grad():
-            for name, b in module.named_buffers():
-                b.copy_(buffers[name])
-        torch.random.set_rng_state(rng)
+    with preserved_state(module), torch.no_grad():
+        for _ in range(repeats + 1):
+            timer(module).run(*flat_inputs)
     interpreted, eager = node_overhead_s(device, sync)
     return {
         name: max(0.0, statistics.median(values[1:] or values) - interpreted) + eager
