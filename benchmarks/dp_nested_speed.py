@@ -5,7 +5,8 @@
 Cases: the zoo's VGG at 64² images (the benchmark's conv net where nesting wins most) at
 0.7, 0.6 and 0.5 of its keep-all peak and its lowest peak (a budget of 0); the 32-layer
 deep chain of ``general_space.py`` at its lowest peak (its budget solves take minutes;
-the corpus's ``mlp_large`` at its lowest peak runs past 180 s in both revisions). The
+the corpus's ``mlp_large`` at its lowest peak runs past 180 s in both revisions); two
+corpus transformers over their blocks (``CORPUS_CASES``). The
 graphs are built once, here, and saved, so both revisions solve the same graphs. Every
 solve runs in its own process (a fresh interpreter, nothing cached), with the revisions in
 alternating order from one round to the next; the ``--against`` revision is checked out
@@ -46,12 +47,17 @@ print(json.dumps({
 }))
 """
 
+CORPUS_CASES = (("gpt_small", 0.29), ("gpt_reference", 0.16))
+"""Corpus graphs planned as blocks between separators, each block free to run its keep-set
+options, below their smallest keep-set peaks (0.306 and 0.202 of keep-all), where ``auto``
+runs ``dp_nested`` over blocks."""
+
 
 def build_cases(directory: Path) -> list[tuple[str, Path, int]]:
     """``(name, graph file, activation budget)`` of every case (module docstring)."""
     import chkpt_opt
     from chkpt_opt import zoo
-    from chkpt_opt.graphs.io import save_graph
+    from chkpt_opt.graphs.io import load_graph, save_graph
     from chkpt_opt.schedule import Schedule
     from chkpt_opt.simulate import simulate
 
@@ -67,6 +73,10 @@ def build_cases(directory: Path) -> list[tuple[str, Path, int]]:
         save_graph(graph, path)
         keep_all = simulate(graph, Schedule()).peak_bytes
         cases += [(f"{name} @ {f}", path, int(keep_all * f)) for f in fractions[name]]
+    for name, f in CORPUS_CASES:
+        path = ROOT / "graphs" / f"{name}.json"
+        keep_all = simulate(load_graph(path), Schedule()).peak_bytes
+        cases.append((f"{name} @ {f}", path, int(keep_all * f)))
     return cases
 
 

@@ -343,6 +343,7 @@ class DpNestedSolver:
             proven = bound is not None and profile.recompute_s <= bound * (1 + 1e-12)
             stats["bound_budget_bytes"] = budget_bytes + slack
         stats["cuts_used"] = used
+        stats["frames_solved"] = sum(dp.frames_solved for dp in dps.values())
         over = space if used == complete else f"{space}, in {used} of the {complete} cuts"
         if chain.units == UNITS:
             # The space of blocks leaves keep-set schedules with other cuts out: what the

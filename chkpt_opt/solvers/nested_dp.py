@@ -55,6 +55,7 @@ it is never better; the brute-force tests check the claim on small chains.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
@@ -68,6 +69,7 @@ from chkpt_opt.solvers.nested_front import (
     FrameResult,
     piece_end,
     pieces,
+    plain_ways,
     prune,
     run_peak,
     split_outer,
@@ -145,6 +147,7 @@ class NestedDp:
             [q for q in self.cuts if q > c.fp[p]] if p < c.n and p in usable else []
             for p in range(c.n + 1)
         ]
+        self.ways_inner, self.ways_last = plain_ways(c)  # (see _ways)
         self.memo = FrameMemo()
         self.runs: dict = {}  # run_peak's memo
         self.run_limited = 0  # how often a run room has turned a plan away
@@ -157,7 +160,9 @@ class NestedDp:
         """Ends of the child regions of frame ``[a, b)`` (``a < 0``: the top frame) that
         may start at ``p``, ascending."""
         if self.forced is None:
-            return [q for q in self.ends[p] if q <= b and (a < 0 or (p, q) != (a, b))]
+            ends = self.ends[p]
+            stop = bisect_right(ends, b)
+            return ends[: stop - 1] if p == a and stop and ends[stop - 1] == b else ends[:stop]
         spans = self.forced.get((a, b) if a >= 0 else None, set())
         return [q for s, q in sorted(spans) if s == p]
 
@@ -260,8 +265,7 @@ class NestedDp:
                     continue
                 front = prune(cands)
                 if plain:
-                    for entry in front:
-                        self._plain(f, p, ih, h1, entry, pending, finals)
+                    self._plain(f, p, ih, h1, front, pending, finals)
                 if ends:
                     self._children(f, p, ih, h1, front, ends, pending, finals)
         # The ops after the last piece run at this level when the region runs.
@@ -275,65 +279,72 @@ class NestedDp:
         run = run_peak(c.w_run, c.a, a, b, plan, self.runs, c.options)
         return FrameResult(best[3], max(best[2], tail_peak), plan, run)
 
+    def _ways(self, f: _Frame, p: int) -> list[tuple]:
+        """The ways plain unit ``p`` may run in frame ``f``: ``(piece, w, w_run, e, sin,
+        sout, bwd, cost_s)`` as it is (``piece`` None) and, neither the frame's first op
+        nor its last packer, with each of its options (``piece`` ``(p, k)``)."""
+        a, last = f.a, f.last
+        if self.forced is None:
+            if p == last:
+                return self.ways_last[p]
+            return self.ways_inner[p] if p > a else self.ways_inner[p][:1]
+        as_is, picks = self.unit_ways(a, f.b, p)
+        if picks and not a < p < last:
+            raise SolverError(f"unit {p} runs an option as a region's first or last packer.")
+        ways = [(self.ways_last if p == last else self.ways_inner)[p][0]] if as_is else []
+        return ways + [self.ways_inner[p][1 + k] for k in picks]
+
     def _plain(
         self,
         f: _Frame,
         p: int,
         ih: bool,
         h1: bool,
-        entry: Entry,
+        front: list[Entry],
         pending: dict[int, dict[tuple[bool, bool], list[Entry]]],
         finals: list[Entry],
     ) -> None:
-        """Extends ``entry`` by op ``p`` as a plain op of frame ``f``: as it is, or (neither
-        the frame's first nor its last packer) running one of its options."""
+        """Extends each entry of ``front`` (kept bytes ascending) by op ``p`` as a plain op
+        of frame ``f``: as it is, or (neither the frame's first nor its last packer) running
+        one of its options."""
         c = self.c
         a, last, mode = f.a, f.last, f.mode
         if p > last:
             raise SolverError(f"op {p} lies past the last packer of {a}..{f.b}; a bug.")
-        k_held = entry[0]
         runs = p < last or c.sown[p]
+        out = c.a[p]
         inp = c.a[p - 1] if p > a else 0
         o_alive = mode == ALWAYS or (p > a and (h1 or (mode == KEY and p >= c.fp[a])))
         outer = (f.ob if o_alive else 0) + (f.eb if f.eb and p >= f.eth else 0)
-        as_is, picks = self.unit_ways(a, f.b, p)
-        if self.forced is not None and picks and not a < p < last:
-            raise SolverError(f"unit {p} runs an option as a region's first or last packer.")
-        ways = [
-            (
-                None,
-                c.w_stop[p] if p == last else c.w[p],
-                c.w_run[p],
-                c.e[p],
-                c.sin[p],
-                c.sout[p],
-                c.bwd_post[p] if p == last else c.bwd_base[p],
-                (c.t[p] if p < last else c.t_own[p]) if runs else 0.0,
-            )
-        ][: 1 if as_is else 0]
-        if a < p < last:
-            ways += [
-                ((p, k), o.w, o.w_run, o.e, o.sin, o.sout, o.bwd, c.t[p] + o.cost_s)
-                for k in picks
-                for o in (c.options_of(p)[k],)
-            ]
-        for piece, w, w_run, e, sin, sout, bwd, cost in ways:
-            if w_run + c.a[p] + inp > f.r:  # its run inside the frame's run
+        peak_mode = self.peak_mode
+        for piece, w, w_run, e, sin, sout, bwd, cost in self._ways(f, p):
+            if w_run + out + inp > f.r:  # its run inside the frame's run
                 self.run_limited += 1
                 continue
-            held_in = p > a and (ih or sin)
-            need = bwd + outer + k_held + (inp if held_in else 0) + (c.a[p] if sout else 0)
+            held = inp if p > a and (ih or sin) else 0
+            # Its steps' bytes besides what the pieces before it keep.
+            need = bwd + outer + held + (out if sout else 0)
             if runs:
-                need = max(need, f.rec_const + w + k_held + inp + c.a[p])
-            if need > f.m:
+                need = max(need, f.rec_const + w + inp + out)
+            room = f.m - need
+            if front[0][0] > room:
                 continue
-            # What it holds for the pieces after it: its input where held, its own buffers.
-            new = self.extend(entry, (inp if held_in else 0) + e, need, cost, piece)
             if p == last:
-                finals.append(new)
+                bucket = finals
             else:
                 state = (sout, False if p == a else h1)
-                pending.setdefault(p + 1, {}).setdefault(state, []).append(new)
+                bucket = pending.setdefault(p + 1, {}).setdefault(state, [])
+            # What it holds for the pieces after it: its input where held, its own buffers.
+            kept = held + e
+            for entry in front:  # (self.extend, inlined: the DP's innermost loop)
+                k_held = entry[0]
+                if k_held > room:
+                    break  # the kept bytes only grow along the front
+                peak = entry[2] if entry[2] > need + k_held else need + k_held
+                total = entry[3] + cost
+                bucket.append(
+                    (k_held + kept, peak if peak_mode else total, peak, total, entry, piece)
+                )
 
     def _children(
         self,
@@ -413,6 +424,10 @@ class NestedDp:
                 need = sub.peak + k_held + const_q
                 if not star and run_here + sub.run_peak + k_held > need:
                     need = run_here + sub.run_peak + k_held
+                # (self.extend, inlined: the DP's innermost loop)
+                peak = entry[2] if entry[2] > need else need
+                total = entry[3] + (cost_run + sub.cost_s)
+                piece = (p, q, sub.plan)
                 bucket.append(
-                    self.extend(entry, inp, need, cost_run + sub.cost_s, (p, q, sub.plan))
+                    (k_held + inp, peak if peak_mode else total, peak, total, entry, piece)
                 )

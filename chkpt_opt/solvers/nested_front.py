@@ -5,9 +5,10 @@ passes to a child region."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.solvers.nested_chain import Plan, UnitOption
+from chkpt_opt.solvers.nested_chain import NestedChain, Plan, UnitOption
 
 INF_BYTES = 1 << 62
 """No limit, in bytes."""
@@ -80,12 +81,13 @@ def run_peak(
 # A DP entry: (kept bytes K, value, peak so far, cost so far, previous entry, piece or None);
 # the value is the cost, or the peak when minimizing the peak.
 Entry = tuple
+_FRONT_ORDER = itemgetter(0, 1, 2)  # kept bytes, value, peak
 
 
 def prune(entries: list[Entry]) -> list[Entry]:
     """The Pareto front over (kept bytes, value): ascending bytes, strictly falling value
     (ties: the lower peak, then the entry found first)."""
-    entries.sort(key=lambda e: (e[0], e[1], e[2]))
+    entries.sort(key=_FRONT_ORDER)
     front: list[Entry] = []
     for e in entries:
         if not front or e[1] < front[-1][1]:
@@ -165,3 +167,43 @@ class FrameMemo:
             return
         m_hi, r_hi = (INF_BYTES, INF_BYTES) if least else (m, r_hi)
         self.boxes.setdefault(key, []).append((result.peak, m_hi, result.run_peak, r_hi, result))
+
+
+Way = tuple
+"""How a unit runs as a plain piece of a frame: ``(piece, w, w_run, e, sin, sout, bwd,
+cost_s)``, its bytes in the roles of :class:`~chkpt_opt.solvers.nested_chain.NestedChain`'s
+facts; ``piece`` is None for the unit as it is, ``(unit, k)`` for its option ``k``."""
+
+
+def plain_ways(chain: NestedChain) -> tuple[list[list[Way]], list[list[Way]]]:
+    """Per unit, its ways as a plain piece: as it is, then with each of its options,
+    where it is not a region's last packer (the options only between a region's first op
+    and its last packer, or at the top); and as a region's last packer (its replay stops
+    there, running its owner only if that saves a storage of its own)."""
+    c = chain
+    inner = [
+        [
+            (None, c.w[i], c.w_run[i], c.e[i], c.sin[i], c.sout[i], c.bwd_base[i], c.t[i]),
+            *(
+                ((i, k), o.w, o.w_run, o.e, o.sin, o.sout, o.bwd, c.t[i] + o.cost_s)
+                for k, o in enumerate(c.options_of(i))
+            ),
+        ]
+        for i in range(c.n)
+    ]
+    last = [
+        [
+            (
+                None,
+                c.w_stop[i],
+                c.w_run[i],
+                c.e[i],
+                c.sin[i],
+                c.sout[i],
+                c.bwd_post[i],
+                c.t_own[i] if c.sown[i] else 0.0,
+            )
+        ]
+        for i in range(c.n)
+    ]
+    return inner, last
