@@ -18,7 +18,7 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
-from chkpt_opt.solvers.dp_nested import predict
+from chkpt_opt.solvers.dp_nested import _stages, predict
 from chkpt_opt.solvers.reference.general_enumerate import general_schedules
 from tests.conftest import assert_valid_result, deep_chain_at_three_quarters
 from tests.general_schedules import random_general_schedule
@@ -252,3 +252,43 @@ def test_a_region_boundary_between_an_op_and_its_view_is_outside_the_space() -> 
     profile = simulate(graph, whole)
     assert peak == profile.peak_bytes
     assert cost == pytest.approx(profile.recompute_s, rel=1e-12, abs=1e-15)
+
+
+def test_coarse_stages_cover_every_phase_and_climb_over_phase_zero() -> None:
+    allowed = [0, 1, 2, 4, 5, 7, 8, 9, 11, 12, 13, 15, 16, 17, 19, 20, 21, 22]
+    n = 22
+    stages, primary = _stages(allowed, n, (4, 8), phases=True)
+    assert stages[-1] == allowed and primary[-1] == allowed
+    # count 4: stride 6, so strides 5 and 6 at every phase; count 8: stride 3, so 2 and 3.
+    expected = []
+    for step in (5, 6, 2, 3):
+        for phase in range(step):
+            cuts = sorted({0, *allowed[phase::step], n})
+            if cuts not in expected:
+                expected.append(cuts)
+    assert stages[:-1] == expected
+    assert all(cuts[0] == 0 and cuts[-1] == n and set(cuts) <= set(allowed) for cuts in stages)
+    # Without phases, and for the lowest-peak climb: phase 0 of each count's stride.
+    plain, plain_primary = _stages(allowed, n, (4, 8), phases=False)
+    assert plain == plain_primary == primary
+    assert primary[:-1] == [sorted({*allowed[::6], n}), sorted({*allowed[::3], n})]
+
+
+def test_coarse_phases_never_change_a_full_solve() -> None:
+    graph = chain_graph(
+        14,
+        activation_bytes=[(k * 7 % 5 + 1) << 10 for k in range(14)],
+        fwd_time_s=[(k % 3 + 1) * 1e-3 for k in range(14)],
+    )
+    keep_all = simulate(graph, Schedule()).peak_bytes
+    for fraction in (0.8, 0.6, 0.0):
+        results = [
+            get_solver("dp_nested", coarse_cuts=(4, 8), coarse_phases=phases)(
+                graph, int(fraction * keep_all), time_limit_s=60
+            )
+            for phases in (False, True)
+        ]
+        assert results[0].stats["cuts_used"] == results[1].stats["cuts_used"] == 15
+        assert results[0].status == results[1].status
+        assert results[0].peak_bytes == results[1].peak_bytes
+        assert results[0].objective == pytest.approx(results[1].objective, rel=1e-12)
