@@ -50,6 +50,8 @@ print(json.dumps({
 }))
 """
 
+DEFAULT_OUTPUT = ROOT / "benchmarks/results/dp_nested_speed"
+
 CORPUS_CASES = (("gpt_small", 0.29), ("gpt_reference", 0.16))
 """Corpus graphs planned as blocks between separators, each block free to run its keep-set
 options, below their smallest keep-set peaks (0.306 and 0.202 of keep-all), where ``auto``
@@ -124,9 +126,7 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="+", default=[], help="run the cases whose names contain one of these"
     )
-    parser.add_argument(
-        "-o", "--output", type=Path, default=ROOT / "benchmarks/results/dp_nested_speed"
-    )
+    parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT)
     options = parser.parse_args()
     revision = subprocess.run(
         ["git", "rev-parse", "--short", options.against],
@@ -192,6 +192,7 @@ def main() -> None:
         f"python benchmarks/dp_nested_speed.py --against {options.against} "
         f"--repeats {options.repeats}"
         + (f" --only {' '.join(options.only)}" if options.only else "")
+        + (f" -o {options.output}" if options.output != DEFAULT_OUTPUT else "")
     )
     options.output.mkdir(parents=True, exist_ok=True)
     report = {"command": command, "this": here, "other": revision, "rows": rows}
