@@ -74,7 +74,7 @@ def build_cases(directory: Path) -> list[tuple[str, Path, int, float | None]]:
     from chkpt_opt.simulate import simulate
 
     cases: list[tuple[str, Path, int, float | None]] = []
-    paths: dict[str, Path] = {}
+    saved: dict[str, tuple[Path, int]] = {}  # built graphs: file, keep-all peak
     built = {
         "vgg64": zoo.vgg(widths=(16, 32, 64, 128), convs_per_stage=3, image=64, batch=8),
         "deep_chain": zoo.relu_chain(width=256, depth=32, batch=4096),
@@ -84,13 +84,15 @@ def build_cases(directory: Path) -> list[tuple[str, Path, int, float | None]]:
         graph = chkpt_opt.trace(model, args)
         path = directory / f"{name}.json"
         save_graph(graph, path)
-        paths[name] = path
         keep_all = simulate(graph, Schedule()).peak_bytes
+        saved[name] = path, keep_all
         cases += [(f"{name} @ {f}", path, int(keep_all * f), None) for f in fractions[name]]
-    timed = [(name, f, limit) for name, f, limit in TIMED_CASES]
-    for name, f, limit in [(name, f, None) for name, f in CORPUS_CASES] + timed:
-        path = paths.get(name, ROOT / "graphs" / f"{name}.json")
-        keep_all = simulate(load_graph(path), Schedule()).peak_bytes
+    for name, f, limit in [*((name, f, None) for name, f in CORPUS_CASES), *TIMED_CASES]:
+        if name in saved:
+            path, keep_all = saved[name]
+        else:
+            path = ROOT / "graphs" / f"{name}.json"
+            keep_all = simulate(load_graph(path), Schedule()).peak_bytes
         label = f"{name} @ {f}" + (f" within {limit:g} s" if limit else "")
         cases.append((label, path, int(keep_all * f), limit))
     return cases

@@ -396,16 +396,20 @@ def _stages(
     lowest-peak search, which proves its answer over all cuts, found the same peaks with
     them but ran into its 60 s limit on ``encoder_large`` where it had finished in 42 s,
     so it climbs over phase 0 alone."""
+
+    def every(step: int, phase: int) -> list[int]:
+        return sorted({allowed[0], *allowed[phase::step], n})
+
     stages: list[list[int]] = []
     primary: list[list[int]] = []
     for count in sorted(counts):
         if 2 < count < len(allowed):
             stride = -(-(len(allowed) - 1) // (count - 1))
-            primary.append(sorted({*allowed[::stride], n}))
+            primary.append(every(stride, 0))
             strides = [stride - 1, stride] if phases and stride > 2 else [stride]
             for step in strides:
                 for phase in range(step if phases else 1):
-                    cuts = sorted({allowed[0], *allowed[phase::step], n})
+                    cuts = every(step, phase)
                     if cuts not in stages:
                         stages.append(cuts)
     return [*stages, allowed], [*primary, allowed]

@@ -67,6 +67,7 @@ from chkpt_opt.solvers.nested_front import (
     Entry,
     FrameMemo,
     FrameResult,
+    Way,
     piece_end,
     pieces,
     plain_ways,
@@ -279,7 +280,7 @@ class NestedDp:
         run = run_peak(c.w_run, c.a, a, b, plan, self.runs, c.options)
         return FrameResult(best[3], max(best[2], tail_peak), plan, run)
 
-    def _ways(self, f: _Frame, p: int) -> list[tuple]:
+    def _ways(self, f: _Frame, p: int) -> list[Way]:
         """The ways plain unit ``p`` may run in frame ``f``: ``(piece, w, w_run, e, sin,
         sout, bwd, cost_s)`` as it is (``piece`` None) and, neither the frame's first op
         nor its last packer, with each of its options (``piece`` ``(p, k)``)."""

@@ -26,22 +26,23 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
         states = pending.pop(p, None)
         if not states:
             continue
-        plain = dp.plain_allowed(-1, n, p)
         ends = dp.children_at(-1, n, p)
         inp = c.inp(p)
+        # The unit plain, or running one of its options (its own regions).
+        ways = []
+        if dp.plain_allowed(-1, n, p):
+            as_is, picks = dp.unit_ways(-1, n, p)
+            if as_is:
+                ways.append((None, c.w[p], c.e[p], c.sin[p], c.sout[p], c.bwd_base[p], 0.0))
+            ways += [
+                ((p, k), o.w, o.e, o.sin, o.sout, o.bwd, o.cost_s)
+                for k in picks
+                for o in (c.options_of(p)[k],)
+            ]
         for ih, cands in sorted(states.items()):
             for entry in prune(cands):
                 k_held = entry[0]
-                if plain:
-                    # The unit plain, or running one of its options (its own regions).
-                    as_is, picks = dp.unit_ways(-1, n, p)
-                    ways = [(None, c.w[p], c.e[p], c.sin[p], c.sout[p], c.bwd_base[p], 0.0)]
-                    ways = ways if as_is else []
-                    ways += [
-                        ((p, k), o.w, o.e, o.sin, o.sout, o.bwd, o.cost_s)
-                        for k in picks
-                        for o in (c.options_of(p)[k],)
-                    ]
+                if ways:
                     for pick, w, e, sin, sout, bwd, cost_s in ways:
                         held_in = p > 0 and (ih or sin)
                         need = max(
