@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # CUDA validation, prepared as one short run for a lent GPU machine:
-#   device run: command="bash benchmarks/cuda_validate.sh", carry=[".whl"], timeout_s=420
+#   device run: command="bash benchmarks/cuda_validate.sh", carry=[".whl"], timeout_s=580
 # The machine's image has torch and networkx but not OR-Tools or HiGHS: their wheels travel
 # in .whl/ (git-ignored; fetched here with `pip download --only-binary=:all:
 # --python-version 3.12 --platform manylinux_2_28_x86_64 ... ortools highspy immutabledict
 # 'protobuf>=6.33.1,<6.34' -d .whl`). Results go to $OUT (the
-# device tool brings them back) or benchmarks/results/cuda. Three parts, each under its own
-# time limit so one that hangs leaves the others their results:
+# device tool brings them back) or benchmarks/results/cuda. Four parts, each under its own
+# time limit so one that hangs leaves the others their results (about 9 minutes in all):
 #   1. tests/test_cuda.py: zoo GPT and ResNet plans at half the activations, measured on the
 #      GPU within their budget and their prediction; a plan admits a larger batch;
 #   2. issue 13's deep chain (32 x Linear(256,256)+ReLU, batch 4096) planned by dp_nested
 #      at 39.2 MiB (0.75x of the smallest keep-set step), run and measured on the GPU;
 #   3. Hugging Face Llama and GPT-2 (random weights, width 1024, batch 8 x 512 tokens)
 #      side by side with gradient_checkpointing_enable() and selective AC on the GPU;
-#   4. per-op allocator timelines of two plans (benchmarks/cuda_timeline.py), for finding
-#      where a prediction and the allocator part ways.
+#   4. step times of the zoo plans made on the roofline model against plans made on op
+#      times measured on the GPU (benchmarks/cuda_times.py).
+# Per-op allocator timelines (benchmarks/cuda_timeline.py), for finding where a prediction
+# and the allocator part ways, are a separate run.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/cuda}
 mkdir -p "$OUT"
@@ -27,7 +29,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 "$PY" -c "import torch, ortools; print('torch', torch.__version__, 'ortools', ortools.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee "$OUT/device.txt"
 
-timeout 150 "$PY" -m pytest tests/test_cuda.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
+timeout 120 "$PY" -m pytest tests/test_cuda.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 echo "tests: exit ${PIPESTATUS[0]}"
 
 timeout 90 "$PY" -m chkpt_opt.cli validate chkpt_opt.zoo:relu_chain --budget 39.2MiB \
@@ -40,5 +42,5 @@ timeout 200 "$PY" benchmarks/hf_models.py --device cuda --models llama gpt2 --sk
   -o "$OUT/hf_models" 2>> "$OUT/stderr.txt"
 echo "hf models: exit $?"
 
-timeout 90 "$PY" benchmarks/cuda_timeline.py -o "$OUT" 2>> "$OUT/stderr.txt"
-echo "timelines: exit $?"
+timeout 150 "$PY" benchmarks/cuda_times.py -o "$OUT" 2>> "$OUT/stderr.txt"
+echo "plan times: exit $?"
