@@ -21,6 +21,7 @@ def test_plan_meets_budget_and_prediction_on_cuda(name: str) -> None:
         + full.profile.peak_bytes // 2
     )
     plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw", time_limit_s=20)
+    assert plan.graph.graph["cost_model"] == "measured-cuda"  # profile_times's default there
     report = chkpt_opt.validate(
         model, plan.apply(), args, kwargs, predicted_peak_bytes=plan.profile.peak_bytes, repeats=5
     )

@@ -9,11 +9,12 @@ import torch
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.api import smallest_peak
+from chkpt_opt.api import _smallest_budget_phrase, smallest_peak
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measure import measure_step
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.separator_chain import UNITS, separators
 from tests.conftest import MODELS, budget_at, smallest_plan
 
@@ -140,6 +141,43 @@ def test_budget_below_minimum_states_the_minimum_in_both_units() -> None:
     # ... and that minimum is really met.
     plan = chkpt_opt.plan(model, args, budget=minimum, optimizer=None)
     assert plan.predicted_peak_bytes <= minimum
+
+
+@pytest.mark.parametrize(
+    ("floor_bytes", "proven", "phrase"),
+    [
+        (1000, True, "any schedule can meet"),
+        (900, True, "any keep-set schedule can meet"),
+        (1000, False, "the available solvers can meet"),
+    ],
+)
+def test_smallest_budget_names_the_space_its_proof_holds_over(
+    floor_bytes: int, proven: bool, phrase: str
+) -> None:
+    """A lowest peak proven by the recompute bound's floor holds over every schedule; one
+    proven by a keep-set search alone holds over keep-set schedules."""
+    lowest = SolveResult(
+        schedule=Schedule(),
+        status=SolveStatus.INFEASIBLE,
+        objective=0.0,
+        bound=None,
+        peak_bytes=1000,
+        budget_bytes=0,
+        solver="auto",
+        solve_s=0.0,
+        stats={"min_feasible_proven": proven, "recompute_bound": {"floor_bytes": floor_bytes}},
+    )
+    assert _smallest_budget_phrase(lowest).endswith(phrase)
+
+
+def test_profile_times_defaults_to_the_estimate_on_cpu() -> None:
+    """Op times are measured by default only on a CUDA device (tests/test_cuda.py checks
+    that side): a CPU plan keeps the roofline estimate, so the same inputs give the same
+    plan."""
+    model, args, _kwargs = MODELS["gpt"]()
+    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    assert plan.graph.graph["cost_model"] == "roofline-cpu"
+    assert "region_overhead_s" not in plan.graph.graph
 
 
 def test_budget_counts_optimizer_state() -> None:

@@ -176,7 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats", type=int, default=9, help="timed rounds (both modules, alternating order)"
     )
     p.add_argument(
-        "--profile-times", action="store_true", help="time ops on the device for the solver"
+        "--profile-times",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time ops on the device for the solver (default: on for --device cuda)",
     )
     p.add_argument(
         "--compile",

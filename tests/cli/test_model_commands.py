@@ -7,6 +7,7 @@ import json
 import pytest
 
 from chkpt_opt.cli import EXIT_INPUT, EXIT_OK
+from chkpt_opt.cli.parser import build_parser
 from tests.cli.conftest import BUDGET, SPEC, run
 
 
@@ -60,3 +61,13 @@ def test_max_batch_with_a_plan_is_larger(capsys: pytest.CaptureFixture[str]) -> 
     assert data["with_plan"] > data["without_checkpointing"] >= 1
     fits = {batch: (keep, planned) for batch, keep, planned in data["probes"]}
     assert fits[data["with_plan"]][1] and fits[data["without_checkpointing"]][0]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [((), None), (("--profile-times",), True), (("--no-profile-times",), False)]
+)
+def test_validate_profile_times_defaults_to_the_device(flag: tuple[str, ...], value: bool) -> None:
+    """No flag leaves the choice to ``plan`` (measured op times on CUDA, the estimate on
+    the CPU); either flag forces it."""
+    options = build_parser().parse_args(["validate", SPEC, "--budget", BUDGET, *flag])
+    assert options.profile_times is value
