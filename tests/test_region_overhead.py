@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import chkpt_opt
-from chkpt_opt.errors import GraphFormatError, SolverError
+from chkpt_opt.errors import GraphFormatError
 from chkpt_opt.graphs.costgraph import check_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
@@ -40,7 +40,9 @@ def test_the_simulator_charges_every_region_once() -> None:
     assert simulate(charged, schedule).peak_bytes == simulate(plain, schedule).peak_bytes
 
 
-@pytest.mark.parametrize("name", ["enumerate", "cpsat", "milp", "dp_chain", "pruned", "auto"])
+@pytest.mark.parametrize(
+    "name", ["enumerate", "cpsat", "milp", "dp_chain", "pruned", "dp_nested", "auto"]
+)
 def test_every_model_counts_the_overhead_as_the_simulator_does(name: str) -> None:
     graph = _with_overhead(chain_graph(10, activation_bytes=1000))
     keep = simulate(graph, Schedule()).peak_bytes
@@ -60,14 +62,33 @@ def test_a_large_overhead_makes_the_optimum_use_fewer_regions() -> None:
     assert charged.proven and len(charged.schedule.regions) < len(free.schedule.regions)
 
 
-def test_bad_overheads_are_refused_and_dp_nested_says_it_does_not_count_them() -> None:
+def test_bad_overheads_are_refused() -> None:
     for bad in (-1e-3, 2.0, "0.1", True, float("nan")):
         graph = chain_graph(4)
         graph.graph["region_overhead_s"] = bad
         with pytest.raises(GraphFormatError, match="region_overhead_s"):
             check_graph(graph)
-    with pytest.raises(SolverError, match="region_overhead_s"):
-        get_solver("dp_nested")(_with_overhead(chain_graph(6)), 10**6)
+
+
+def test_dp_nested_charges_every_region_and_nests_less_for_it() -> None:
+    """On a chain whose lowest peak needs nesting, dp_nested's nested plan pays the
+    overhead per region (its prediction is checked against the simulator's inside the
+    solver); a large overhead makes its optimum use fewer regions, and equals a brute
+    force over the plans it found."""
+    graph = chain_graph(12, activation_bytes=1000)
+    lowest = get_solver("dp_nested")(graph, 0, time_limit_s=20)
+    budget = lowest.peak_bytes + 1500
+    free = get_solver("dp_nested")(graph, budget, time_limit_s=20)
+    assert free.proven and free.schedule.nested
+    total = sum(a["fwd_time_s"] for _, a in graph.nodes(data=True))
+    charged_graph = _with_overhead(graph, total / 4)
+    charged = get_solver("dp_nested")(charged_graph, budget, time_limit_s=20)
+    assert_valid_result(charged_graph, charged, budget)
+    assert charged.proven
+    count = len(charged.schedule.regions) + len(charged.schedule.nested)
+    assert count < len(free.schedule.regions) + len(free.schedule.nested)
+    # The overhead-free optimum, charged, is no cheaper than the charged optimum.
+    assert charged.objective <= simulate(charged_graph, free.schedule).recompute_s + 1e-12
 
 
 def test_profiled_plans_measure_the_overhead() -> None:

@@ -27,6 +27,9 @@ schedule equal the simulator's (they must: a mismatch raises
 :class:`~chkpt_opt.errors.SolverError`, a bug). Memory is exact bytes, never discretized.
 For an infeasible budget, the same DP minimizing the peak finds the lowest peak of the
 space, and the cheapest schedule at that peak is returned, with ``proves_infeasible``.
+A profiled graph's ``region_overhead_s`` is charged to every region, nested ones and a
+block option's included, once each, as the simulator charges it (on CUDA, where
+``plan`` profiles by default).
 **Blocks.** A graph that is no simple chain is planned as the chain of its blocks between
 separators (cuts that one storage crosses: a transformer's residual stream between its
 halves of blocks), each block's step bytes read off the op sequence
@@ -139,14 +142,15 @@ def chain_of(graph: CostGraph, *, blocks: bool = True) -> NestedChain:
         SolverError: naming why ``graph`` is neither.
     """
     try:
-        return simple_chain(graph)
+        chain = simple_chain(graph)
     except SolverError as simple:
         if not blocks:
             raise
         try:
-            return separator_chain(graph)
+            chain = separator_chain(graph)
         except SolverError as blocks:
             raise SolverError(f"{simple} Nor as blocks: {blocks}") from None
+    return dataclasses.replace(chain, region_s=region_overhead_s(graph))
 
 
 def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
@@ -231,13 +235,6 @@ class DpNestedSolver:
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
         deadline = Deadline.after(time_limit_s)
-        if region_overhead_s(graph) > 0:
-            raise SolverError(
-                f"graph {graph.graph.get('name', '')!r} charges "
-                f"{region_overhead_s(graph):.3g} s per region (region_overhead_s), which "
-                "dp_nested's recurrence does not count; use solver 'nested', or drop the "
-                "graph attribute."
-            )
         chain = chain_of(graph, blocks=self.blocks)
         space = SPACE if chain.units != UNITS else SEPARATOR_SPACE
         option_stats: dict[str, Any] = {}

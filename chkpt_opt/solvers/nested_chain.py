@@ -55,7 +55,7 @@ class UnitOption:
     Attributes:
         spans: ``[start, stop)`` op positions (in the graph's execution order) of its
             regions.
-        cost_s: their recompute time.
+        cost_s: their recompute time, with the chain's ``region_s`` for each of them.
         w: bytes its forward step peaks at beyond its output (its input counted apart).
         w_run: the same when it runs inside a checkpoint (its regions nested there).
         e: bytes it keeps from its forward to its backward besides its input and output.
@@ -117,6 +117,9 @@ class NestedChain:
         units: what a unit is, for messages and stats.
         options: per unit, the keep-set schedules inside it that a frame may run it
             with instead of plain (empty: none; :mod:`~chkpt_opt.solvers.unit_options`).
+        region_s: seconds every region costs beyond recomputing its ops, at any level
+            (the graph's ``region_overhead_s``, charged once per region as
+            :func:`~chkpt_opt.simulate.simulate` charges it).
     """
 
     n: int
@@ -145,6 +148,7 @@ class NestedChain:
     slack_bytes: int = 0
     units: str = "ops with the views of their outputs"
     options: tuple[tuple[UnitOption, ...], ...] = ()
+    region_s: float = 0.0
 
     def options_of(self, p: int) -> tuple[UnitOption, ...]:
         """The options of unit ``p`` (none where the chain has none)."""

@@ -427,7 +427,7 @@ class NestedDp:
                     need = run_here + sub.run_peak + k_held
                 # (self.extend, inlined: the DP's innermost loop)
                 peak = entry[2] if entry[2] > need else need
-                total = entry[3] + (cost_run + sub.cost_s)
+                total = entry[3] + (cost_run + sub.cost_s + c.region_s)
                 piece = (p, q, sub.plan)
                 bucket.append(
                     (k_held + inp, peak if peak_mode else total, peak, total, entry, piece)

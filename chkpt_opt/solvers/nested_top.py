@@ -74,9 +74,8 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
                     if sub is None:
                         continue
                     run = k_held + inp + sub.run_peak
-                    new = dp.extend(
-                        entry, inp, max(run, sub.peak + k_held), sub.cost_s, (p, q, sub.plan)
-                    )
+                    need = max(run, sub.peak + k_held)
+                    new = dp.extend(entry, inp, need, sub.cost_s + c.region_s, (p, q, sub.plan))
                     pending.setdefault(q, {}).setdefault(False, []).append(new)
     finals = []
     for cands in pending.get(n, {}).values():

@@ -41,7 +41,13 @@ import dataclasses
 import logging
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
+from chkpt_opt.graphs.costgraph import (
+    CostGraph,
+    ordered_nodes,
+    region_overhead_s,
+    storage_owners,
+    storage_refs,
+)
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.solvers.block_options import OptionPool
@@ -208,7 +214,8 @@ def _read_round(
                 float(nodes[steps[k].node]["fwd_time_s"])
                 for k in ks
                 if steps[k].kind == "recompute"
-            ),
+            )
+            + len(spans) * region_overhead_s(graph),
             w=max(fwd) - c.a[u],
             w_run=max(run) - c.a[u],
             e=e,
