@@ -1,0 +1,88 @@
+"""Where a GPU plan's extra time goes: the zoo GPT's plan at half its activations (AdamW
+counted, op times measured), run with its regions as made, with RNG replay turned off in
+every region, and the original; forward and backward timed apart (medians of 12 rounds
+after 3, interleaved), then the per-region overhead that ``profile_times`` measures, three
+times.
+
+Run (on a GPU machine; ``cpu`` as the argument runs it on the CPU):
+    python benchmarks/cuda_phases.py cuda | tee results/cuda/cuda_phases.txt
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import chkpt_opt
+from chkpt_opt import zoo
+from chkpt_opt.codegen.overhead import measure_region_overhead_s
+from chkpt_opt.codegen.runtime import CheckpointRegion
+
+ROUNDS = 15
+WARMUP_ROUNDS = 3
+
+
+def phases_s(
+    module: torch.nn.Module, args: tuple[Any, ...], sync: Callable[[], None]
+) -> tuple[float, float]:
+    """Seconds of one step's forward (to the loss) and backward."""
+    for p in module.parameters():
+        p.grad = None
+    sync()
+    start = time.perf_counter()
+    out = module(*args)
+    loss = (out if torch.is_tensor(out) else out[0]).float().sum()
+    sync()
+    middle = time.perf_counter()
+    loss.backward()
+    sync()
+    return middle - start, time.perf_counter() - middle
+
+
+def main(device: str) -> None:
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model, args, _ = zoo.on_device(zoo.gpt(), device)
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw", solver="keep_all")
+    s = full.static
+    budget = s.resident_bytes + s.optimizer_phase_bytes + full.profile.peak_bytes // 2
+    plan = chkpt_opt.plan(
+        model, args, budget=budget, optimizer="adamw", time_limit_s=20, profile_times=True
+    )
+    print(
+        "regions",
+        len(plan.schedule.regions),
+        "nested",
+        len(plan.schedule.nested),
+        "overhead_s",
+        plan.graph.graph.get("region_overhead_s"),
+        "est recompute ms",
+        plan.profile.recompute_s * 1e3,
+        "est compute ms",
+        plan.profile.compute_s * 1e3,
+    )
+    made = plan.apply()
+    no_rng = plan.apply()
+    regions = [m for m in no_rng.modules() if isinstance(m, CheckpointRegion)]
+    print("regions replaying rng:", sum(m.replays_rng for m in regions), "of", len(regions))
+    for region in regions:
+        region.replays_rng = False
+    modules = {"orig": model, "plan": made, "plan_no_rng": no_rng}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in modules}
+    for _ in range(ROUNDS):
+        for name, module in modules.items():
+            samples[name].append(phases_s(module, args, sync))
+    for name, values in samples.items():
+        fwd = statistics.median(v[0] for v in values[WARMUP_ROUNDS:])
+        bwd = statistics.median(v[1] for v in values[WARMUP_ROUNDS:])
+        print(f"{name:12s} fwd ms {fwd * 1e3:.2f} bwd ms {bwd * 1e3:.2f}")
+    for _ in range(3):
+        print("measure_region_overhead_s", measure_region_overhead_s(device))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "cuda")
