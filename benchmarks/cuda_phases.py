@@ -1,8 +1,8 @@
 """Where a GPU plan's extra time goes: the zoo GPT's plan at half its activations (AdamW
 counted, op times measured), run with its regions as made, with RNG replay turned off in
 every region, and the original; forward and backward timed apart (medians of 12 rounds
-after 3, interleaved), then the overheads that ``profile_times`` measures (per region and
-per saved tensor), three times.
+after 3, interleaved), then the per-region overhead that ``profile_times`` measures, three
+times.
 
 Run (on a GPU machine; ``cpu`` as the argument runs it on the CPU):
     python benchmarks/cuda_phases.py cuda | tee results/cuda/cuda_phases.txt
@@ -20,7 +20,7 @@ import torch
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.codegen.overhead import measure_checkpoint_overheads
+from chkpt_opt.codegen.overhead import measure_region_overhead_s
 from chkpt_opt.codegen.runtime import CheckpointRegion
 
 ROUNDS = 15
@@ -60,8 +60,6 @@ def main(device: str) -> None:
         len(plan.schedule.nested),
         "overhead_s",
         plan.graph.graph.get("region_overhead_s"),
-        "per saved tensor",
-        plan.graph.graph.get("saved_tensor_overhead_s"),
         "est recompute ms",
         plan.profile.recompute_s * 1e3,
         "est compute ms",
@@ -83,7 +81,7 @@ def main(device: str) -> None:
         bwd = statistics.median(v[1] for v in values[WARMUP_ROUNDS:])
         print(f"{name:12s} fwd ms {fwd * 1e3:.2f} bwd ms {bwd * 1e3:.2f}")
     for _ in range(3):
-        print(measure_checkpoint_overheads(device))
+        print("measure_region_overhead_s", measure_region_overhead_s(device))
 
 
 if __name__ == "__main__":

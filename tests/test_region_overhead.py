@@ -1,6 +1,5 @@
-"""The overheads of regions: measured once per plan with profile_times (per region and
-per tensor a replayed op saves), counted by the simulator and by every solver's model
-alike."""
+"""The per-region overhead: measured once per plan with profile_times, counted for every
+region by the simulator and by every solver's model alike."""
 
 from __future__ import annotations
 
@@ -11,20 +10,17 @@ import chkpt_opt
 from chkpt_opt.errors import GraphFormatError
 from chkpt_opt.graphs.costgraph import check_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.schedule import Schedule, cut_positions
+from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver
 from tests.conftest import assert_valid_result
 
 OVERHEAD_S = 2e-4
-SAVED_TENSOR_S = 3e-5
 
 
-def _with_overhead(graph, overhead_s: float = OVERHEAD_S, saved_tensor_s: float = 0.0):
+def _with_overhead(graph, overhead_s: float = OVERHEAD_S):
     graph = graph.copy()
     graph.graph["region_overhead_s"] = overhead_s
-    graph.graph["saved_tensor_overhead_s"] = saved_tensor_s
     check_graph(graph)
     return graph
 
@@ -44,25 +40,11 @@ def test_the_simulator_charges_every_region_once() -> None:
     assert simulate(charged, schedule).peak_bytes == simulate(plain, schedule).peak_bytes
 
 
-def test_the_simulator_charges_every_recompute_step_its_saved_tensors() -> None:
-    plain = random_dag(14, seed=2, skip_prob=0.2, max_inputs=2)
-    charged = _with_overhead(plain, 0.0, SAVED_TENSOR_S)
-    cuts = [p for p, ok in enumerate(cut_positions(plain)) if ok]
-    schedule = Schedule.from_spans(plain, [(cuts[1], cuts[-2])])
-    replayed = [s.node for s in lower(plain, schedule) if s.kind == "recompute"]
-    saved = sum(plain.nodes[v]["n_saved"] for v in replayed)
-    assert saved > 0
-    assert simulate(charged, schedule).recompute_s == pytest.approx(
-        simulate(plain, schedule).recompute_s + saved * SAVED_TENSOR_S
-    )
-    assert simulate(charged, Schedule()).recompute_s == 0.0
-
-
 @pytest.mark.parametrize(
     "name", ["enumerate", "cpsat", "milp", "dp_chain", "pruned", "dp_nested", "auto"]
 )
 def test_every_model_counts_the_overhead_as_the_simulator_does(name: str) -> None:
-    graph = _with_overhead(chain_graph(10, activation_bytes=1000), saved_tensor_s=SAVED_TENSOR_S)
+    graph = _with_overhead(chain_graph(10, activation_bytes=1000))
     keep = simulate(graph, Schedule()).peak_bytes
     for fraction in (0.8, 0.6, 0.45):
         budget = int(fraction * keep)
@@ -80,12 +62,11 @@ def test_a_large_overhead_makes_the_optimum_use_fewer_regions() -> None:
     assert charged.proven and len(charged.schedule.regions) < len(free.schedule.regions)
 
 
-@pytest.mark.parametrize("key", ["region_overhead_s", "saved_tensor_overhead_s"])
-def test_bad_overheads_are_refused(key: str) -> None:
+def test_bad_overheads_are_refused() -> None:
     for bad in (-1e-3, 2.0, "0.1", True, float("nan")):
         graph = chain_graph(4)
-        graph.graph[key] = bad
-        with pytest.raises(GraphFormatError, match=key):
+        graph.graph["region_overhead_s"] = bad
+        with pytest.raises(GraphFormatError, match="region_overhead_s"):
             check_graph(graph)
 
 
@@ -117,8 +98,5 @@ def test_profiled_plans_measure_the_overhead() -> None:
         model, (torch.randn(8, 16),), budget=10**12, optimizer=None, profile_times=True
     )
     overhead = made.graph.graph["region_overhead_s"]
-    per_saved = made.graph.graph["saved_tensor_overhead_s"]
     assert 0.0 < overhead < 0.05  # a checkpoint call costs microseconds to milliseconds
-    assert 0.0 < per_saved < overhead  # a hook's call costs less than a checkpoint's
-    traced = chkpt_opt.trace(model, (torch.randn(8, 16),)).graph
-    assert "region_overhead_s" not in traced and "saved_tensor_overhead_s" not in traced
+    assert "region_overhead_s" not in chkpt_opt.trace(model, (torch.randn(8, 16),)).graph
