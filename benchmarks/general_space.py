@@ -92,9 +92,11 @@ def corpus(
     dp_nested: bool = False,
     earlier_command: str = "",
     names: list[str] | None = None,
+    fractions: tuple[float, ...] = BUDGETS,
 ) -> list[dict]:
     """The corpus part over the graphs whose op counts lie in ``ops`` (inclusive), and
-    whose names are in ``names`` where given; the rows of the other graphs stay in
+    whose names are in ``names`` where given, at ``fractions`` of their keep-all peaks;
+    the rows of the other graphs stay in
     ``corpus.csv`` as they were, each row naming the command that made it
     (``earlier_command`` for rows from before that column)."""
     rows = []
@@ -118,7 +120,7 @@ def corpus(
                 lowers[space] = lowest.stats["recompute_bound"]["floor_bytes"]
             else:
                 lowers[space] = lowest.stats.get("min_feasible_lower_bytes") or 0
-        for fraction in BUDGETS:
+        for fraction in fractions:
             budget = int(keep_all * fraction)
             row = {"graph": path.stem, "nodes": graph.number_of_nodes(), "fraction": fraction}
             row["command"] = command
@@ -318,6 +320,13 @@ def main() -> None:
     parser.add_argument("--min-ops", type=int, default=0)
     parser.add_argument("--max-ops", type=int, default=320)
     parser.add_argument("--graphs", nargs="+", help="corpus part: only these graphs")
+    parser.add_argument(
+        "--fractions",
+        nargs="+",
+        type=float,
+        default=list(BUDGETS),
+        help="corpus part: budgets as fractions of the keep-all peak",
+    )
     parser.add_argument("-o", type=Path, default=ROOT / "benchmarks/results/general_space")
     parser.add_argument(
         "--dp-nested", action="store_true", help="add dp_nested beside the nested heuristic"
@@ -354,6 +363,7 @@ def main() -> None:
                     args.dp_nested,
                     commands.get(part, ""),
                     args.graphs,
+                    tuple(args.fractions),
                 )
             )
         commands[part] = command if part != "corpus" else "corpus.csv's command column"
