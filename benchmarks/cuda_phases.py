@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from cuda_times import half_activations
 
 import chkpt_opt
-from chkpt_opt import zoo
 from chkpt_opt.codegen.overhead import measure_region_overhead_s
 from chkpt_opt.codegen.runtime import CheckpointRegion
 
@@ -46,10 +46,7 @@ def phases_s(
 
 def main(device: str) -> None:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    model, args, _ = zoo.on_device(zoo.gpt(), device)
-    full = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw", solver="keep_all")
-    s = full.static
-    budget = s.resident_bytes + s.optimizer_phase_bytes + full.profile.peak_bytes // 2
+    model, args, budget = half_activations("gpt", device)
     plan = chkpt_opt.plan(
         model, args, budget=budget, optimizer="adamw", time_limit_s=20, profile_times=True
     )

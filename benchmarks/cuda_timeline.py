@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from cuda_times import half_activations
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import chkpt_opt
@@ -63,13 +64,7 @@ def stepped(module: torch.nn.Module, args: tuple[Any, ...]) -> dict[str, Any]:
 
 def case(name: str) -> dict[str, Any]:
     if name == "resnet":
-        model, args, _ = zoo.on_device(zoo.resnet(), "cuda")
-        full = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw")
-        budget = (
-            full.static.resident_bytes
-            + full.static.optimizer_phase_bytes
-            + full.profile.peak_bytes // 2
-        )
+        model, args, budget = half_activations("resnet", "cuda")
         plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw", time_limit_s=20)
     else:
         model, args, _ = zoo.on_device(zoo.relu_chain(), "cuda")
