@@ -1,8 +1,8 @@
 """Where a GPU plan's extra time goes: the zoo GPT's plan at half its activations (AdamW
 counted, op times measured), run with its regions as made, with RNG replay turned off in
 every region, and the original; forward and backward timed apart (medians of 12 rounds
-after 3, interleaved), then the per-region overhead that ``profile_times`` measures, three
-times.
+after 3, interleaved), beside the region costs the plan was charged. (Per schedule, from
+fine regions to coarse ones, ``region_cost.py`` measures the same.)
 
 Run (on a GPU machine; ``cpu`` as the argument runs it on the CPU):
     python benchmarks/cuda_phases.py cuda | tee results/cuda/cuda_phases.txt
@@ -12,36 +12,16 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from cuda_times import half_activations
+from region_cost import phases_s
 
 import chkpt_opt
-from chkpt_opt.codegen.overhead import measure_region_overhead_s
 from chkpt_opt.codegen.runtime import CheckpointRegion
 
 ROUNDS = 15
 WARMUP_ROUNDS = 3
-
-
-def phases_s(
-    module: torch.nn.Module, args: tuple[Any, ...], sync: Callable[[], None]
-) -> tuple[float, float]:
-    """Seconds of one step's forward (to the loss) and backward."""
-    for p in module.parameters():
-        p.grad = None
-    sync()
-    start = time.perf_counter()
-    out = module(*args)
-    loss = (out if torch.is_tensor(out) else out[0]).float().sum()
-    sync()
-    middle = time.perf_counter()
-    loss.backward()
-    sync()
-    return middle - start, time.perf_counter() - middle
 
 
 def main(device: str) -> None:
@@ -55,8 +35,10 @@ def main(device: str) -> None:
         len(plan.schedule.regions),
         "nested",
         len(plan.schedule.nested),
-        "overhead_s",
+        "region_overhead_s",
         plan.graph.graph.get("region_overhead_s"),
+        "saved_tensor_overhead_s",
+        plan.graph.graph.get("saved_tensor_overhead_s"),
         "est recompute ms",
         plan.profile.recompute_s * 1e3,
         "est compute ms",
@@ -77,8 +59,6 @@ def main(device: str) -> None:
         fwd = statistics.median(v[0] for v in values[WARMUP_ROUNDS:])
         bwd = statistics.median(v[1] for v in values[WARMUP_ROUNDS:])
         print(f"{name:12s} fwd ms {fwd * 1e3:.2f} bwd ms {bwd * 1e3:.2f}")
-    for _ in range(3):
-        print("measure_region_overhead_s", measure_region_overhead_s(device))
 
 
 if __name__ == "__main__":

@@ -1,34 +1,57 @@
-"""Step time on CUDA of plans made on the roofline model against plans made on measured op
-times (``profile_times=True``), in one run.
+"""Step time on CUDA of plans made on the roofline model and on measured op times, with
+three ways of charging recompute regions, side by side in one run.
 
 Run (on a GPU machine; benchmarks/cuda_validate.sh does):
     python benchmarks/cuda_times.py -o results/cuda
 
 For the zoo GPT and ResNet at half their activations (AdamW counted, the budget of
-tests/test_cuda.py): one plan made on the roofline model, one on op times measured on the
-device (which also measures what a recompute region costs beyond its ops), each validated
-against the original. Per plan: the time model's estimated extra compute beside the
-measured step time ratio (median of interleaved rounds, with half the interquartile range),
-the peak predicted and measured, and the schedule's size. ``--device cpu`` runs the same
-comparison on the CPU. Writes cuda_times.csv and cuda_times.md.
+tests/test_cuda.py), four plans:
+- ``roofline``: op times estimated, regions free;
+- ``per region``: op times measured on the device, and one cost per region measured on a
+  chain of one-op regions (what ``plan(profile_times=True)`` did before the region costs
+  were measured on the model);
+- ``chain fit``: op times measured, a cost per region and one per saved tensor fitted on
+  that chain (``codegen.overhead.measure_checkpoint_overheads``);
+- ``model fit``: op times measured, both costs fitted on the model's own rewrites (the
+  default, ``codegen.overhead.measure_overheads``).
+Each plan's peak is validated against the original's step once; then the original and the
+four plans run in interleaved rounds, and each plan's step time over the original's in
+the same round gives its ratio (median, with twice the median absolute deviation). Per
+plan: the time model's estimated extra compute beside the measured ratio, the costs it
+charged, the peak predicted and measured, and the schedule's size. ``--device cpu`` runs
+the same comparison on the CPU. Writes cuda_times.csv and cuda_times.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import chkpt_opt
+import chkpt_opt.api
 from chkpt_opt import zoo
+from chkpt_opt.codegen.overhead import (
+    CheapChain,
+    CheckpointOverheads,
+    measure_checkpoint_overheads,
+    time_rewrites,
+)
+from chkpt_opt.graphs.tracer import Traced, trace_model
+from chkpt_opt.measure import device_of, run_step
+from chkpt_opt.schedule import Schedule, cut_positions
+from chkpt_opt.simulate import simulate
 
 FIELDS = [
     "model",
-    "op times",
+    "plan",
     "step budget MB",
     "fwd+bwd predicted MB",
     "fwd+bwd measured MB",
@@ -36,6 +59,8 @@ FIELDS = [
     "estimated extra compute",
     "measured step time ratio",
     "spread",
+    "region ms",
+    "saved tensor us",
     "regions",
     "recomputed ops",
     "plan s",
@@ -51,40 +76,104 @@ def half_activations(name: str, device: str) -> tuple[torch.nn.Module, tuple[Any
     return model, args, s.resident_bytes + s.optimizer_phase_bytes + full.profile.peak_bytes // 2
 
 
-def row(name: str, device: str, profile_times: bool, repeats: int) -> dict[str, Any]:
+def per_region_only(traced: Traced, *, time_limit_s: float | None = None) -> CheckpointOverheads:
+    """One cost per region, from a chain of one-op regions against no region (what
+    ``plan(profile_times=True)`` measured before the costs were fitted on the model)."""
+    del time_limit_s
+    device = device_of(traced.captured.module, traced.args)
+    chain = CheapChain().to(device).train()
+    timed = trace_model(chain, (torch.randn(4, 16, device=device),), profile_times=True)
+    cuts = [p for p, ok in enumerate(cut_positions(timed.graph)) if ok]
+    split = Schedule.from_spans(timed.graph, list(itertools.pairwise(cuts)))
+    samples = time_rewrites(timed, {"plain": Schedule(), "split": split}, rounds=15)
+    assert samples is not None
+    extra_s = statistics.median(samples["split"]) - statistics.median(samples["plain"])
+    replayed_s = simulate(timed.graph, split).recompute_s
+    return CheckpointOverheads(max(0.0, (extra_s - replayed_s) / len(split.regions)), 0.0, "chain")
+
+
+def chain_fit(traced: Traced, *, time_limit_s: float | None = None) -> CheckpointOverheads:
+    del time_limit_s
+    return measure_checkpoint_overheads(device_of(traced.captured.module, traced.args))
+
+
+VARIANTS: dict[str, tuple[bool, Callable[..., CheckpointOverheads] | None]] = {
+    "roofline": (False, None),
+    "per region": (True, per_region_only),
+    "chain fit": (True, chain_fit),
+    "model fit": (True, None),
+}
+"""Plan label: (profile_times, the overhead measurement in place of plan()'s, or None)."""
+
+
+def make_plan(model: torch.nn.Module, args: Any, budget: int, label: str) -> chkpt_opt.Plan:
+    profile_times, measure = VARIANTS[label]
+    default = chkpt_opt.api.measure_overheads
+    if measure is not None:
+        chkpt_opt.api.measure_overheads = measure
+    try:
+        return chkpt_opt.plan(
+            model,
+            args,
+            budget=budget,
+            optimizer="adamw",
+            time_limit_s=20,
+            profile_times=profile_times,
+        )
+    finally:
+        chkpt_opt.api.measure_overheads = default
+
+
+def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
     model, args, budget = half_activations(name, device)
-    start = time.perf_counter()
-    plan = chkpt_opt.plan(
-        model,
-        args,
-        budget=budget,
-        optimizer="adamw",
-        time_limit_s=20,
-        profile_times=profile_times,
-    )
-    plan_s = time.perf_counter() - start
-    report = chkpt_opt.validate(
-        model,
-        plan.apply(),
-        args,
-        predicted_peak_bytes=plan.profile.peak_bytes,
-        repeats=repeats,
-    )
-    error = report.prediction_error
-    return {
-        "model": name,
-        "op times": "measured" if profile_times else "roofline",
-        "step budget MB": f"{budget / 1e6:.1f}",
-        "fwd+bwd predicted MB": f"{plan.profile.peak_bytes / 1e6:.1f}",
-        "fwd+bwd measured MB": f"{report.measured_peak_bytes / 1e6:.1f}",
-        "prediction": "" if error is None else f"{error:+.2%}",
-        "estimated extra compute": f"{plan.profile.overhead:.1%}",
-        "measured step time ratio": f"{report.step_time_ratio:.2f}",
-        "spread": f"{report.step_time_ratio_spread:.2f}",
-        "regions": len(plan.schedule.regions),
-        "recomputed ops": len(plan.schedule.recomputed_nodes()),
-        "plan s": f"{plan_s:.1f}",
-    }
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows: dict[str, dict[str, Any]] = {}
+    modules: dict[str, torch.nn.Module] = {"original": model}
+    for label in VARIANTS:
+        start = time.perf_counter()
+        plan = make_plan(model, args, budget, label)
+        plan_s = time.perf_counter() - start
+        modules[label] = plan.apply()
+        report = chkpt_opt.validate(
+            model, modules[label], args, predicted_peak_bytes=plan.profile.peak_bytes, repeats=1
+        )
+        error = report.prediction_error
+        attrs = plan.graph.graph
+        rows[label] = {
+            "model": name,
+            "plan": label,
+            "step budget MB": f"{budget / 1e6:.1f}",
+            "fwd+bwd predicted MB": f"{plan.profile.peak_bytes / 1e6:.1f}",
+            "fwd+bwd measured MB": f"{report.measured_peak_bytes / 1e6:.1f}",
+            "prediction": "" if error is None else f"{error:+.2%}",
+            "estimated extra compute": f"{plan.profile.overhead:.1%}",
+            "region ms": f"{attrs.get('region_overhead_s', 0.0) * 1e3:.3f}",
+            "saved tensor us": f"{attrs.get('saved_tensor_overhead_s', 0.0) * 1e6:.1f}",
+            "regions": len(plan.schedule.regions),
+            "recomputed ops": len(plan.schedule.recomputed_nodes()),
+            "plan s": f"{plan_s:.1f}",
+        }
+        print(rows[label], flush=True)
+    samples: dict[str, list[float]] = {label: [] for label in modules}
+    for round_ in range(rounds + 1):
+        for label, module in modules.items():
+            for p in model.parameters():
+                p.grad = None
+            torch.manual_seed(round_)
+            sync()
+            start = time.perf_counter()
+            run_step(module, args, {})
+            sync()
+            if round_:
+                samples[label].append(time.perf_counter() - start)
+    for p in model.parameters():
+        p.grad = None
+    for label, row in rows.items():
+        ratios = [t / o for t, o in zip(samples[label], samples["original"], strict=True)]
+        middle = statistics.median(ratios)
+        row["measured step time ratio"] = f"{middle:.2f}"
+        row["spread"] = f"{2 * statistics.median(abs(r - middle) for r in ratios):.2f}"
+    return list(rows.values())
 
 
 def device_name(device: str) -> str:
@@ -96,22 +185,20 @@ def main() -> None:
     parser.add_argument("-o", "--out", type=Path, default=Path("benchmarks/results/cuda"))
     parser.add_argument("--models", nargs="+", default=["gpt", "resnet"])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     options = parser.parse_args()
     if options.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here; run with --device cpu to compare on the CPU.")
     options.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in options.models:
-        for profile_times in (False, True):
-            rows.append(row(name, options.device, profile_times, options.repeats))
-            print(rows[-1], flush=True)
+        rows += model_rows(name, options.device, options.rounds)
     with (options.out / "cuda_times.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
     lines = [
-        f"# Step time of plans on {device_name(options.device)}: roofline vs measured op times",
+        f"# Step time of plans on {device_name(options.device)}: four ways of costing them",
         "",
         "| " + " | ".join(FIELDS) + " |",
         "|" + "---|" * len(FIELDS),
