@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# CUDA validation, prepared as one short run for a lent GPU machine:
-#   device run: command="bash benchmarks/cuda_validate.sh", carry=[".whl"], timeout_s=600
+# CUDA validation, prepared as two short runs for a lent GPU machine:
+#   device run: command="PARTS=... bash benchmarks/cuda_validate.sh", carry=[".whl"], timeout_s=600
 # The machine's image has torch and networkx but not OR-Tools or HiGHS: their wheels travel
 # in .whl/ (git-ignored; fetched here with `pip download --only-binary=:all:
 # --python-version 3.12 --platform manylinux_2_28_x86_64 ... ortools highspy immutabledict
 # 'protobuf>=6.33.1,<6.34' -d .whl`). Results go to $OUT (the
-# device tool brings them back) or benchmarks/results/cuda. Four parts, each under its own
-# time limit so one that hangs leaves the others their results (about 9 minutes in all):
+# device tool brings them back) or benchmarks/results/cuda. Five parts, each under its own
+# time limit so one that hangs leaves the others their results (about 12 minutes in all,
+# more than one device call allows: run PARTS="tests chain hf", then PARTS="times cost"):
 #   1. tests/test_cuda.py: zoo GPT and ResNet plans at half the activations, measured on the
 #      GPU within their budget and their prediction; a plan admits a larger batch;
 #   2. issue 13's deep chain (32 x Linear(256,256)+ReLU, batch 4096) planned by dp_nested
@@ -15,9 +16,12 @@
 #      buffer there), run and measured on the GPU;
 #   3. Hugging Face Llama and GPT-2 (random weights, width 1024, batch 8 x 512 tokens)
 #      side by side with gradient_checkpointing_enable() and selective AC on the GPU;
-#   4. step times of the zoo plans made on the roofline model against plans made on op
-#      times measured on the GPU (benchmarks/cuda_times.py).
-# PARTS="tests chain" (say) runs some of them: tests, chain, hf, times.
+#   4. step times of the zoo plans costed four ways, side by side: the roofline model, and
+#      op times measured on the GPU with regions costed by a one-op constant, by a chain
+#      fit, and by the fit on the model's own rewrites (benchmarks/cuda_times.py);
+#   5. what regions cost on the zoo models' own ops against what the plan charges
+#      (benchmarks/region_cost.py).
+# PARTS="tests chain" (say) runs some of them: tests, chain, hf, times, cost.
 # Per-op allocator timelines (benchmarks/cuda_timeline.py), for finding where a prediction
 # and the allocator part ways, are a separate run.
 set -uo pipefail
@@ -30,7 +34,7 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-PARTS=" ${PARTS:-tests chain hf times} "
+PARTS=" ${PARTS:-tests chain hf times cost} "
 "$PY" -c "import torch, ortools; print('torch', torch.__version__, 'ortools', ortools.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee "$OUT/device.txt"
 
 if [[ $PARTS == *" tests "* ]]; then
@@ -53,6 +57,11 @@ if [[ $PARTS == *" hf "* ]]; then
 fi
 
 if [[ $PARTS == *" times "* ]]; then
-  timeout 150 "$PY" benchmarks/cuda_times.py -o "$OUT" 2>> "$OUT/stderr.txt"
+  timeout 240 "$PY" benchmarks/cuda_times.py -o "$OUT" 2>> "$OUT/stderr.txt"
   echo "plan times: exit $?"
+fi
+
+if [[ $PARTS == *" cost "* ]]; then
+  timeout 120 "$PY" benchmarks/region_cost.py --device cuda -o "$OUT" 2>> "$OUT/stderr.txt"
+  echo "region costs: exit $?"
 fi

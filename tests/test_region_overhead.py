@@ -118,10 +118,9 @@ def test_profiled_plans_measure_the_overhead() -> None:
     made = chkpt_opt.plan(
         model, (torch.randn(8, 16),), budget=10**12, optimizer=None, profile_times=True
     )
-    overhead = made.graph.graph["region_overhead_s"]
-    per_saved = made.graph.graph["saved_tensor_overhead_s"]
-    assert 0.0 < overhead < 0.05  # a checkpoint call costs microseconds to milliseconds
-    assert 0.0 < per_saved < overhead  # a hook's call costs less than a checkpoint's
+    # Three ops, too few spans to fit on the model: one cost per region from the chain.
+    assert 0.0 < made.graph.graph["region_overhead_s"] < 0.05
+    assert made.graph.graph["saved_tensor_overhead_s"] == 0.0
     traced = chkpt_opt.trace(model, (torch.randn(8, 16),)).graph
     assert "region_overhead_s" not in traced and "saved_tensor_overhead_s" not in traced
 

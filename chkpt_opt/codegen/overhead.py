@@ -13,19 +13,22 @@ keep-all rewrite, and its rewrites with a region over every 1, 2 and 4 consecuti
 between the places a region may begin or end, timed in interleaved rounds. Each
 rewrite's step time beyond the keep-all one's, less its replayed ops' measured forward
 times, is fitted (least squares, both costs at least 0) as ``regions * region_s +
-replayed_saved_tensors * saved_tensor_s``. A chain of one-op regions, which an earlier
-version measured instead, misses most of it on a GPU where small kernels leave the CPU
-the bottleneck: on an H200 (``benchmarks/results/region_cost``) that chain gave 0.38 ms a
-region, while the zoo GPT's and ResNet's own rewrites fit 0.31 ms a region and 0.07 ms
-per saved tensor, ten rewrites within a few milliseconds of steps 5 to 75 ms longer than
-keep-all.
+replayed_saved_tensors * saved_tensor_s``. On launch-bound models on a GPU this is most
+of a plan's extra time: on an H200, one cost per region measured on one-op regions (0.38
+ms) charged the zoo GPT's rewrite with a region over every 8 spans 16.5 ms where it cost
+33.1 beyond keep-all, while the two costs fitted on the models' own rewrites hold from
+fine regions to coarse ones (``benchmarks/results/cuda/README.md``).
 
 Where the model cannot be measured so (fewer than four spans, too little memory for its
-keep-all step, or too slow a step for the time given), :func:`measure_checkpoint_overheads`
-fits the same on a small chain of cheap ops instead. ``plan(..., profile_times=True)``
-stores the result in the graph (``region_overhead_s`` and ``saved_tensor_overhead_s``),
-where the simulator and the solvers' models count it: per region, and per tensor saved by
-each recompute step (:func:`~chkpt_opt.graphs.costgraph.recompute_time_s`).
+keep-all step, too slow a step for the time given, or costs below its step-time noise),
+:func:`measure_chain_overheads` measures one cost per region on a chain of one-op regions
+instead, as ``plan`` did before the model fit: on the H200 the plans it made were as fast
+as the model fit's, while a per-tensor cost fitted on that chain made the GPT's slower
+(1.82x the original's step time against 1.64x, ``benchmarks/results/cuda/cuda_times.md``).
+``plan(..., profile_times=True)`` stores the result in the graph (``region_overhead_s``
+and ``saved_tensor_overhead_s``), where the simulator and the solvers' models count it:
+per region, and per tensor saved by each recompute step
+(:func:`~chkpt_opt.graphs.costgraph.recompute_time_s`).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ log = logging.getLogger(__name__)
 LAYERS = 16
 """Layers of the fallback chain."""
 
-CHAIN_ROUNDS = 31
+CHAIN_ROUNDS = 15
 """Interleaved rounds timed on the fallback chain (after one warm-up)."""
 
 MODEL_ROUNDS = 9
@@ -88,7 +91,7 @@ def measure_overheads(traced: Traced, *, time_limit_s: float | None = None) -> C
     rewrites where it can be, on the fallback chain otherwise (see the module docstring)."""
     measured = measure_model_overheads(traced, time_limit_s=time_limit_s)
     if measured is None:
-        measured = measure_checkpoint_overheads(device_of(traced.captured.module, traced.args))
+        measured = measure_chain_overheads(device_of(traced.captured.module, traced.args))
     log.info(
         "region overheads (measured on the %s): %.3f ms a region, %.1f us a saved tensor",
         measured.measured_on,
@@ -114,7 +117,7 @@ def measure_model_overheads(
     device = device_of(module, traced.args)
     try:
         with preserved_state(module):
-            samples = time_rewrites(
+            samples = _time_rewrites(
                 traced,
                 {"plain": Schedule(), **schedules},
                 rounds=rounds,
@@ -141,11 +144,13 @@ def measure_model_overheads(
     return fitted
 
 
-def measure_checkpoint_overheads(device: torch.device | str = "cpu") -> CheckpointOverheads:
-    """The costs of regions on ``device`` fitted on a small chain of cheap ops: a region
-    per span, and one region over all of them; each at least 0."""
+def measure_chain_overheads(device: torch.device | str = "cpu") -> CheckpointOverheads:
+    """One cost per region on ``device``, from a chain of cheap ops with a region per op
+    against none (at least 0), and none per saved tensor: fitted on such a chain, the
+    per-tensor cost falls short of a model's on a GPU, and the plans it made there ran
+    slower than with the per-region cost alone (``benchmarks/results/cuda/cuda_times.md``)."""
     device = torch.device(device)
-    model = CheapChain().to(device).train()
+    model = _CheapChain().to(device).train()
     args = (torch.randn(4, 16, device=device),)
     traced = trace_model(model, args, name="region-overhead")
     graph = traced.graph
@@ -153,16 +158,14 @@ def measure_checkpoint_overheads(device: torch.device | str = "cpu") -> Checkpoi
     for name, attrs in graph.nodes(data=True):
         attrs["fwd_time_s"] = times.get(name, attrs["fwd_time_s"])
     cuts = [p for p, ok in enumerate(cut_positions(graph)) if ok]
-    schedules = {
-        "split": Schedule.from_spans(graph, list(itertools.pairwise(cuts))),
-        "whole": Schedule.from_spans(graph, [(cuts[0], cuts[-1])]),
-    }
-    samples = time_rewrites(traced, {"plain": Schedule(), **schedules}, rounds=CHAIN_ROUNDS)
+    split = {"split": Schedule.from_spans(graph, list(itertools.pairwise(cuts)))}
+    samples = _time_rewrites(traced, {"plain": Schedule(), **split}, rounds=CHAIN_ROUNDS)
     assert samples is not None  # no time limit
-    return _fit(_rows(graph, schedules, samples), measured_on="chain")
+    [(regions, _, extra_s)] = _rows(graph, split, samples)
+    return CheckpointOverheads(max(0.0, extra_s / regions), 0.0, "chain")
 
 
-class CheapChain(nn.Module):
+class _CheapChain(nn.Module):
     """``LAYERS`` times ``x = tanh(x * w[i])`` on a small tensor, then a sum."""
 
     def __init__(self, width: int = 16) -> None:
@@ -181,7 +184,7 @@ def _grouped(graph: CostGraph, cuts: list[int], k: int) -> Schedule:
     return Schedule.from_spans(graph, list(itertools.pairwise(ends)))
 
 
-def time_rewrites(
+def _time_rewrites(
     traced: Traced,
     schedules: Mapping[str, Schedule],
     *,
