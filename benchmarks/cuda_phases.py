@@ -1,8 +1,8 @@
 """Where a GPU plan's extra time goes: the zoo GPT's plan at half its activations (AdamW
 counted, op times measured), run with its regions as made, with RNG replay turned off in
 every region, and the original; forward and backward timed apart (medians of 12 rounds
-after 3, interleaved), beside the region costs the plan was charged. (Per schedule, from
-fine regions to coarse ones, ``region_cost.py`` measures the same.)
+after 3, interleaved), beside the per-region cost the plan was charged. (Per schedule,
+from fine regions to coarse ones, ``region_cost.py`` measures the same.)
 
 Run (on a GPU machine; ``cpu`` as the argument runs it on the CPU):
     python benchmarks/cuda_phases.py cuda | tee results/cuda/cuda_phases.txt
@@ -37,8 +37,6 @@ def main(device: str) -> None:
         len(plan.schedule.nested),
         "region_overhead_s",
         plan.graph.graph.get("region_overhead_s"),
-        "saved_tensor_overhead_s",
-        plan.graph.graph.get("saved_tensor_overhead_s"),
         "est recompute ms",
         plan.profile.recompute_s * 1e3,
         "est compute ms",

@@ -1,36 +1,28 @@
-"""Step time on CUDA of plans made on the roofline model and on measured op times, with
-two ways of charging recompute regions, side by side in one run.
+"""Step time on CUDA of plans made on the roofline model against plans made on measured op
+times (``profile_times=True``), side by side in one run.
 
 Run (on a GPU machine; benchmarks/cuda_validate.sh does):
     python benchmarks/cuda_times.py -o results/cuda
 
 For the zoo GPT and ResNet at half their activations (AdamW counted, the budget of
-tests/test_cuda.py), three plans:
-- ``roofline``: op times estimated, regions free;
-- ``per region``: op times measured on the device, and one cost per region measured on a
-  chain of one-op regions (``codegen.overhead.measure_chain_overheads``: what
-  ``plan(profile_times=True)`` did before the region costs were fitted on the model, and
-  does where the model cannot be measured);
-- ``model fit``: op times measured, a cost per region and one per saved tensor fitted on
-  the model's own rewrites (the default, ``codegen.overhead.measure_overheads``).
-Each plan's peak is validated against the original's step once; then the original and the
-plans run in interleaved rounds, and each plan's step time over the original's in the
-same round gives its ratio (median, with twice the median absolute deviation). Per plan:
-the time model's estimated extra compute beside the measured ratio, the costs it charged,
+tests/test_cuda.py): one plan made on the roofline model, one on op times measured on the
+device (which also measures what a recompute region costs beyond its ops). Each plan's
+peak is validated against the original's step once; then the original and the plans run
+in interleaved rounds, and each plan's step time over the original's in the same round
+gives its ratio (median, with twice the median absolute deviation). Per plan: the time
+model's estimated extra compute beside the measured ratio, the region cost it charged,
 the peak predicted and measured, and the schedule's size. ``--device cpu`` runs the same
-comparison on the CPU. Writes cuda_times.csv and cuda_times.md. (The run at 00cb197 had a
-fourth plan, with both costs fitted on that chain; it ran slower than the other two on
-the GPU, and the library dropped it.)
+comparison on the CPU. Writes cuda_times.csv and cuda_times.md. (At 00cb197 and 5b6db49
+the script compared a third and fourth way of costing regions, since dropped with them:
+``benchmarks/results/cuda/README.md``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import logging
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +31,7 @@ import torch
 import chkpt_opt
 import chkpt_opt.api
 from chkpt_opt import zoo
-from chkpt_opt.codegen.overhead import CheckpointOverheads, measure_chain_overheads
-from chkpt_opt.graphs.tracer import Traced
-from chkpt_opt.measure import device_of, run_step
+from chkpt_opt.measure import run_step
 
 FIELDS = [
     "model",
@@ -54,7 +44,6 @@ FIELDS = [
     "measured step time ratio",
     "spread",
     "region ms",
-    "saved tensor us",
     "regions",
     "recomputed ops",
     "plan s",
@@ -70,35 +59,8 @@ def half_activations(name: str, device: str) -> tuple[torch.nn.Module, tuple[Any
     return model, args, s.resident_bytes + s.optimizer_phase_bytes + full.profile.peak_bytes // 2
 
 
-def per_region(traced: Traced, *, time_limit_s: float | None = None) -> CheckpointOverheads:
-    del time_limit_s
-    return measure_chain_overheads(device_of(traced.captured.module, traced.args))
-
-
-VARIANTS: dict[str, tuple[bool, Callable[..., CheckpointOverheads] | None]] = {
-    "roofline": (False, None),
-    "per region": (True, per_region),
-    "model fit": (True, None),
-}
-"""Plan label: (profile_times, the overhead measurement in place of plan()'s, or None)."""
-
-
-def make_plan(model: torch.nn.Module, args: Any, budget: int, label: str) -> chkpt_opt.Plan:
-    profile_times, measure = VARIANTS[label]
-    default = chkpt_opt.api.measure_overheads
-    if measure is not None:
-        chkpt_opt.api.measure_overheads = measure
-    try:
-        return chkpt_opt.plan(
-            model,
-            args,
-            budget=budget,
-            optimizer="adamw",
-            time_limit_s=20,
-            profile_times=profile_times,
-        )
-    finally:
-        chkpt_opt.api.measure_overheads = default
+VARIANTS = {"roofline": False, "measured": True}
+"""Plan label: profile_times."""
 
 
 def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
@@ -108,7 +70,14 @@ def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
     modules: dict[str, torch.nn.Module] = {"original": model}
     for label in VARIANTS:
         start = time.perf_counter()
-        plan = make_plan(model, args, budget, label)
+        plan = chkpt_opt.plan(
+            model,
+            args,
+            budget=budget,
+            optimizer="adamw",
+            time_limit_s=20,
+            profile_times=VARIANTS[label],
+        )
         plan_s = time.perf_counter() - start
         modules[label] = plan.apply()
         report = chkpt_opt.validate(
@@ -125,7 +94,6 @@ def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
             "prediction": "" if error is None else f"{error:+.2%}",
             "estimated extra compute": f"{plan.profile.overhead:.1%}",
             "region ms": f"{attrs.get('region_overhead_s', 0.0) * 1e3:.3f}",
-            "saved tensor us": f"{attrs.get('saved_tensor_overhead_s', 0.0) * 1e6:.1f}",
             "regions": len(plan.schedule.regions),
             "recomputed ops": len(plan.schedule.recomputed_nodes()),
             "plan s": f"{plan_s:.1f}",
@@ -158,8 +126,6 @@ def device_name(device: str) -> str:
 
 
 def main() -> None:
-    logging.basicConfig(format="%(name)s: %(message)s")
-    logging.getLogger("chkpt_opt.codegen.overhead").setLevel(logging.INFO)  # what it measured
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-o", "--out", type=Path, default=Path("benchmarks/results/cuda"))
     parser.add_argument("--models", nargs="+", default=["gpt", "resnet"])
@@ -177,7 +143,7 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     lines = [
-        f"# Step time of plans on {device_name(options.device)}: three ways of costing them",
+        f"# Step time of plans on {device_name(options.device)}: roofline vs measured op times",
         "",
         "| " + " | ".join(FIELDS) + " |",
         "|" + "---|" * len(FIELDS),

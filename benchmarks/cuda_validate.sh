@@ -16,9 +16,8 @@
 #      buffer there), run and measured on the GPU;
 #   3. Hugging Face Llama and GPT-2 (random weights, width 1024, batch 8 x 512 tokens)
 #      side by side with gradient_checkpointing_enable() and selective AC on the GPU;
-#   4. step times of the zoo plans costed four ways, side by side: the roofline model, and
-#      op times measured on the GPU with regions costed by a one-op constant, by a chain
-#      fit, and by the fit on the model's own rewrites (benchmarks/cuda_times.py);
+#   4. step times of the zoo plans made on the roofline model and on op times measured on
+#      the GPU, side by side in interleaved rounds (benchmarks/cuda_times.py);
 #   5. what regions cost on the zoo models' own ops against what the plan charges
 #      (benchmarks/region_cost.py).
 # PARTS="tests chain" (say) runs some of them: tests, chain, hf, times, cost.

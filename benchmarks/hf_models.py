@@ -44,7 +44,6 @@ import copy
 import csv
 import dataclasses
 import functools
-import logging
 import statistics
 import sys
 import time
@@ -440,8 +439,6 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    logging.basicConfig(format="%(name)s: %(message)s")
-    logging.getLogger("chkpt_opt.codegen.overhead").setLevel(logging.INFO)  # what it measured
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--repeats", type=int, default=7)

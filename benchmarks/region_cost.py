@@ -2,15 +2,14 @@
 charges: the data behind the cost model of regions, on the CPU or a GPU.
 
 For each model (the zoo GPT and ResNet by default), traced with op times measured on the
-device and the region costs measured as ``plan(profile_times=True)`` measures them: the
+device and the per-region cost measured as ``plan(profile_times=True)`` measures it: the
 original, its keep-all rewrite, regions over every k consecutive cut spans (k = 1, 2, 4,
 8: the model's own ops, from fine to coarse), and the plan at half its activations;
 forward and backward timed apart, interleaved rounds, medians. Per schedule: its regions,
 the ops inside them and the tensors those save (packed by the checkpoint's hooks in the
 forward pass), the ops its backward replays and the tensors they save, the time model's
-charge beyond the keep-all step (replayed ops' forward times, and the region costs
-measured: per region and per tensor a replayed op saves), and the measured time beyond
-the keep-all rewrite's, forward and backward apart.
+charge beyond the keep-all step (replayed ops' forward times, and the per-region cost),
+and the measured time beyond the keep-all rewrite's, forward and backward apart.
 
 Run:
     python benchmarks/region_cost.py --device cuda -o results/region_cost
@@ -33,7 +32,7 @@ from cuda_times import half_activations
 
 import chkpt_opt
 from chkpt_opt.codegen.rewrite import apply_schedule
-from chkpt_opt.graphs.costgraph import region_overhead_s, saved_tensor_overhead_s
+from chkpt_opt.graphs.costgraph import region_overhead_s
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
@@ -138,8 +137,7 @@ def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
         {
             "model": name,
             "schedule": f"(keep-all step {statistics.median(sum(b) for b in base) * 1e3:.2f} ms; "
-            f"charged {region_overhead_s(graph) * 1e3:.3f} ms a region, "
-            f"{saved_tensor_overhead_s(graph) * 1e6:.1f} us a replayed saved tensor)",
+            f"charged {region_overhead_s(graph) * 1e3:.3f} ms a region)",
         }
     )
     return rows

@@ -28,7 +28,7 @@ import torch
 
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes
 from chkpt_opt.codegen import apply_schedule
-from chkpt_opt.codegen.overhead import measure_overheads
+from chkpt_opt.codegen.overhead import measure_region_overhead_s
 from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
@@ -64,9 +64,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-OVERHEAD_SHARE = 0.2
-"""Share of ``plan``'s time limit that measuring the regions' overheads may take."""
 
 
 @dataclass
@@ -259,10 +256,8 @@ def plan(
         tracer: ``"auto"`` (torch.export, then torch.fx), ``"export"`` or ``"fx"``.
         profile_times: time every op's forward on the model's device, so the solver weighs
             recomputation by measured rather than estimated times (runs the model a few
-            times), and measure what a recompute region costs beyond its ops there, per
-            region and per tensor its replayed ops save, on the model's own rewrites
-            (:mod:`chkpt_opt.codegen.overhead`; at most a fifth of ``time_limit_s``), which
-            every region of a plan is charged.
+            times), and measure what one recompute region costs beyond its ops there
+            (:mod:`chkpt_opt.codegen.overhead`), which every region of a plan is charged.
             None (the default): on for a model on a CUDA device, off elsewhere. On a GPU
             the roofline estimate misjudges small, launch-bound kernels: the zoo GPT and
             ResNet planned at half their activations on an H200 ran at 2.86x and 3.21x the
@@ -290,10 +285,7 @@ def plan(
     )
     graph = traced.graph
     if profile_times:
-        share_s = None if time_limit_s is None else OVERHEAD_SHARE * time_limit_s
-        overheads = measure_overheads(traced, time_limit_s=share_s)
-        graph.graph["region_overhead_s"] = overheads.region_s
-        graph.graph["saved_tensor_overhead_s"] = overheads.saved_tensor_s
+        graph.graph["region_overhead_s"] = measure_region_overhead_s(device_of(model, traced.args))
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:

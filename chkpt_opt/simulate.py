@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from chkpt_opt.graphs.costgraph import CostGraph, recompute_time_s, region_overhead_s
+from chkpt_opt.graphs.costgraph import CostGraph, region_overhead_s
 from chkpt_opt.op_sequence import Step, lower
 from chkpt_opt.schedule import Schedule, check_schedule
 
@@ -49,9 +49,8 @@ class MemoryProfile:
         peak_index: position of the peak in ``timeline``.
         timeline: memory at every step of the op sequence.
         compute_s: estimated time of forward, recomputation and backward.
-        recompute_s: estimated time of the recomputation alone (the extra compute): each
-            recompute step's :func:`~chkpt_opt.graphs.costgraph.recompute_time_s`, and the
-            graph's ``region_overhead_s`` for every region, nested ones included.
+        recompute_s: estimated time of the recomputation alone (the extra compute), with
+            the graph's ``region_overhead_s`` for every region, nested ones included.
         recompute_flops: floating-point operations recomputed.
         total_flops: floating-point operations of the whole step.
     """
@@ -114,15 +113,13 @@ def simulate(graph: CostGraph, schedule: Schedule, *, check: bool = True) -> Mem
         if step.kind == "bwd":
             compute_s += nodes[step.node]["bwd_time_s"]
             total_flops += nodes[step.node]["bwd_flops"]
-        elif step.kind == "fwd":
-            compute_s += nodes[step.node]["fwd_time_s"]
-            total_flops += nodes[step.node]["fwd_flops"]
-        elif step.kind == "recompute":
-            again_s = recompute_time_s(graph, step.node)
-            compute_s += again_s
-            recompute_s += again_s
-            total_flops += nodes[step.node]["fwd_flops"]
-            recompute_flops += nodes[step.node]["fwd_flops"]
+        elif step.kind in ("fwd", "recompute"):
+            attrs = nodes[step.node]
+            compute_s += attrs["fwd_time_s"]
+            total_flops += attrs["fwd_flops"]
+            if step.kind == "recompute":
+                recompute_s += attrs["fwd_time_s"]
+                recompute_flops += attrs["fwd_flops"]
     overhead = region_overhead_s(graph) * (len(schedule.regions) + len(schedule.nested))
     compute_s += overhead
     recompute_s += overhead

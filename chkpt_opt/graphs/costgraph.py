@@ -50,9 +50,7 @@ Graph attributes: ``format_version``, ``name``, ``param_bytes``, ``trainable_par
 ``buffer_bytes``, ``input_bytes``, ``largest_param_bytes``, ``n_trainable_tensors`` (for
 optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``, ``meta``),
 ``outputs`` (names of the nodes whose values the step returns), ``tracer``,
-``torch_version``, ``cost_model``; optionally ``region_overhead_s``,
-``saved_tensor_overhead_s`` (both measured by ``plan(..., profile_times=True)``; see
-:func:`recompute_time_s`) and ``workspace_model``
+``torch_version``, ``cost_model``; optionally ``region_overhead_s`` and ``workspace_model``
 (``measured-cuda`` where the kernel workspace the allocator holds beyond tensors was measured
 on the device and added to the workspace attributes).
 """
@@ -266,22 +264,6 @@ def region_overhead_s(graph: CostGraph) -> float:
     return float(graph.graph.get("region_overhead_s", 0.0))
 
 
-def saved_tensor_overhead_s(graph: CostGraph) -> float:
-    """Seconds a checkpoint's saved-tensor hooks add per tensor that an op inside a region
-    saves (packed in the forward pass and in the replay, unpacked in the backward): the
-    graph attribute ``saved_tensor_overhead_s``, measured by ``plan(...,
-    profile_times=True)``; 0 when absent."""
-    return float(graph.graph.get("saved_tensor_overhead_s", 0.0))
-
-
-def recompute_time_s(graph: CostGraph, v: str) -> float:
-    """Seconds one recomputation of op ``v`` costs: its forward time and, on a profiled
-    graph, the hooks' cost of every tensor it saves (:func:`saved_tensor_overhead_s`).
-    The simulator and every solver's model charge each recompute step this much."""
-    attrs = graph.nodes[v]
-    return float(attrs["fwd_time_s"]) + attrs["n_saved"] * saved_tensor_overhead_s(graph)
-
-
 def total_compute_s(graph: CostGraph) -> float:
     """Estimated time of one forward and backward pass without recomputation."""
     return sum(
@@ -313,17 +295,16 @@ def check_graph(graph: CostGraph) -> None:
     for key in ("name", "device_type", "tracer", "torch_version", "cost_model"):
         if not isinstance(graph.graph.get(key), str):
             raise _fail(f"graph attribute {short(key)} must be a string.")
-    for key in ("region_overhead_s", "saved_tensor_overhead_s"):
-        overhead = graph.graph.get(key, 0.0)
-        if (
-            isinstance(overhead, bool)
-            or not isinstance(overhead, (int, float))
-            or not 0.0 <= overhead < 1.0
-        ):
-            raise _fail(
-                f"graph attribute {key!r} must be seconds in [0, 1), got {short(overhead)}; "
-                "remove it (0) or measure it with plan(..., profile_times=True)."
-            )
+    overhead = graph.graph.get("region_overhead_s", 0.0)
+    if (
+        isinstance(overhead, bool)
+        or not isinstance(overhead, (int, float))
+        or not 0.0 <= overhead < 1.0
+    ):
+        raise _fail(
+            f"graph attribute 'region_overhead_s' must be seconds in [0, 1), got "
+            f"{short(overhead)}; remove it (0) or measure it with plan(..., profile_times=True)."
+        )
     if not isinstance(graph.graph.get("outputs"), list):
         raise _fail("graph attribute 'outputs' must be a list of node names.")
     for out in graph.graph["outputs"]:

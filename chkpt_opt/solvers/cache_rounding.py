@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, recompute_time_s
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cache_candidates, cut_positions
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.blocks import find_blocks
@@ -114,7 +114,7 @@ def _cache_choices(
     nodes = graph.nodes
     dense = sorted(
         candidates,
-        key=lambda v: -recompute_time_s(graph, v) / max(1, sum(nodes[v]["outputs"].values())),
+        key=lambda v: -nodes[v]["fwd_time_s"] / max(1, sum(nodes[v]["outputs"].values())),
     )
     for fraction in DENSEST_SHARES:
         choices.append(frozenset(dense[: max(1, round(fraction * len(dense)))]))

@@ -12,7 +12,7 @@ from itertools import pairwise
 import numpy as np
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, recompute_time_s, region_overhead_s
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, region_overhead_s
 from chkpt_opt.solvers.chain_cuts import check_supported, cut_set, scan_storages
 from chkpt_opt.solvers.chain_replay import NEG, Replay, Rmq
 from chkpt_opt.solvers.interval_builder import build_interval_model
@@ -161,7 +161,7 @@ class ChainLayout:
         self.last_reader.update({sid: len(order) for sid in scan.step_outputs})
         self.saved_ids: list[list[str]] = [list(nodes[v]["saved"]) for v in order]
         self.workspace = [nodes[v]["fwd_workspace_bytes"] for v in order]
-        self.times = [recompute_time_s(self.graph, v) for v in order]
+        self.times = [nodes[v]["fwd_time_s"] for v in order]
         readers, savers = scan.readers, scan.savers
         total = (
             2 * sum(self.size.values()) + max(self.base, default=0) + max(self.workspace, default=0)

@@ -10,7 +10,6 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import (
     CostGraph,
     ordered_nodes,
-    recompute_time_s,
     region_overhead_s,
     storage_owners,
     storage_refs,
@@ -109,7 +108,6 @@ class _Builder:
         self.preds = [sorted(self.idx[u] for u in graph.predecessors(v)) for v in self.order]
         self.owner_idx = {sid: self.idx[o] for sid, o in self.owner.items()}
         self.attrs = [graph.nodes[v] for v in self.order]
-        self.again_s = [recompute_time_s(graph, v) for v in self.order]  # per recompute
         # (storage, index of its owner) of everything op i reads, from its inputs.
         self.reads = [
             [(sid, self.owner_idx[sid]) for u in self.preds[i] for sid in self.refs[self.order[u]]]
@@ -231,7 +229,7 @@ class _Builder:
                 last_replayed = a + n_replayed - 1
                 if (a, last_replayed) not in cost_cache:
                     cost_cache[a, last_replayed] = sum(
-                        self.again_s[i] for i in range(a, last_replayed + 1)
+                        attrs[i]["fwd_time_s"] for i in range(a, last_replayed + 1)
                     )
                 cost = cost_cache[a, last_replayed] + overhead
                 floor = cost
@@ -406,6 +404,6 @@ class _Builder:
             base_bytes=tuple(self.base),
             complete=self.complete,
             max_cost_s=self.max_cost_s,
-            total_fwd_s=sum(recompute_time_s(self.graph, v) for v in self.order),
+            total_fwd_s=sum(self.nodes[v]["fwd_time_s"] for v in self.order),
             cache=self.cache.mode if self.cache is not None else "none",
         )

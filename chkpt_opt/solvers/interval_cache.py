@@ -45,7 +45,6 @@ from chkpt_opt.graphs.costgraph import (
     CostGraph,
     ordered_nodes,
     owned_storages,
-    recompute_time_s,
     storage_owners,
     storage_refs,
 )
@@ -143,7 +142,7 @@ class CacheColumns:
             + (n + 1 if v in graph.graph["outputs"] else 0)
             for v in order
         ]
-        self.fwd_time_s = [recompute_time_s(graph, v) for v in order]  # as recomputed
+        self.fwd_time_s = [graph.nodes[v]["fwd_time_s"] for v in order]
         self.holds: list[CacheHold] = []
 
     def covers(self, schedule: Schedule) -> bool:

@@ -34,13 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import (
-    CostGraph,
-    edge_uses,
-    ordered_nodes,
-    recompute_time_s,
-    storage_owners,
-)
+from chkpt_opt.graphs.costgraph import CostGraph, edge_uses, ordered_nodes, storage_owners
 from chkpt_opt.schedule import Schedule, cut_positions, region_tree
 
 Plan = tuple[tuple, ...]
@@ -276,7 +270,7 @@ def simple_chain(graph: CostGraph) -> NestedChain:
         for j in range(n)
     )
     rec_base = tuple(cb + after[j + 1] + (grad[j] if j < n - 1 else 0) for j in range(n))
-    times = tuple(sum(recompute_time_s(graph, order[k]) for k in u) for u in units)
+    times = tuple(sum(float(nodes[order[k]]["fwd_time_s"]) for k in u) for u in units)
     fp, lp, prefix = positions(packer, times)
     op_ok = cut_positions(graph)
     starts = (*(u[0] for u in units), len(order))
@@ -285,7 +279,7 @@ def simple_chain(graph: CostGraph) -> NestedChain:
         n=n,
         a=tuple(a),
         t=times,
-        t_own=tuple(recompute_time_s(graph, v) for v in owner),
+        t_own=tuple(float(nodes[v]["fwd_time_s"]) for v in owner),
         w=w,
         e=tuple(e),
         packer=packer,

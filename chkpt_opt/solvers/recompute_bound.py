@@ -57,7 +57,6 @@ from chkpt_opt.graphs.costgraph import (
     CostGraph,
     ordered_nodes,
     owned_storages,
-    recompute_time_s,
     storage_owners,
     storage_refs,
 )
@@ -146,7 +145,7 @@ class _Rows:
         nodes = graph.nodes
         order = ordered_nodes(graph)
         self.owner = storage_owners(graph)
-        self.fwd_time = {n: recompute_time_s(graph, n) for n in order}  # as recomputed
+        self.fwd_time = {n: nodes[n]["fwd_time_s"] for n in order}
         self.total_fwd_s = sum(self.fwd_time.values())
         refs = {n: storage_refs(graph, n) for n in order}
         steps = lower(graph, Schedule())

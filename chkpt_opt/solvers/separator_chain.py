@@ -40,13 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import (
-    CostGraph,
-    ordered_nodes,
-    recompute_time_s,
-    storage_owners,
-    storage_refs,
-)
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
 from chkpt_opt.op_sequence import Step, lower
 from chkpt_opt.schedule import Schedule, cut_positions, nesting_allowed
 from chkpt_opt.simulate import step_bytes
@@ -202,7 +196,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
         last = ops[-1] if ops else s
         keeps_own = any(owners.get(x) == order[last] for x in nodes[order[last]]["saved"])
         replayed.append(last - s + (1 if ops and keeps_own else 0))
-    times = [recompute_time_s(graph, v) for v in order]
+    times = [float(nodes[v]["fwd_time_s"]) for v in order]
     t = tuple(sum(times[s:stop]) for s, stop in units)
     t_own = tuple(sum(times[s : s + k]) for (s, _), k in zip(units, replayed))
 

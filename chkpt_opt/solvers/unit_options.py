@@ -44,7 +44,6 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import (
     CostGraph,
     ordered_nodes,
-    recompute_time_s,
     region_overhead_s,
     storage_owners,
     storage_refs,
@@ -212,7 +211,9 @@ def _read_round(
         read[u] = UnitOption(
             spans=spans,
             cost_s=sum(
-                recompute_time_s(graph, steps[k].node) for k in ks if steps[k].kind == "recompute"
+                float(nodes[steps[k].node]["fwd_time_s"])
+                for k in ks
+                if steps[k].kind == "recompute"
             )
             + len(spans) * region_overhead_s(graph),
             w=max(fwd) - c.a[u],
