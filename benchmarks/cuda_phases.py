@@ -1,8 +1,9 @@
 """Where a GPU plan's extra time goes: the zoo GPT's plan at half its activations (AdamW
 counted, op times measured), run with its regions as made, with RNG replay turned off in
 every region, and the original; forward and backward timed apart (medians of 12 rounds
-after 3, interleaved), beside the per-region cost the plan was charged. (Per schedule,
-from fine regions to coarse ones, ``region_cost.py`` measures the same.)
+after 3, interleaved), then the per-region overhead that ``profile_times`` measures, three
+times. (Per schedule, from fine regions to coarse ones, ``region_cost.py`` measures the
+same phases.)
 
 Run (on a GPU machine; ``cpu`` as the argument runs it on the CPU):
     python benchmarks/cuda_phases.py cuda | tee results/cuda/cuda_phases.txt
@@ -18,6 +19,7 @@ from cuda_times import half_activations
 from region_cost import phases_s
 
 import chkpt_opt
+from chkpt_opt.codegen.overhead import measure_region_overhead_s
 from chkpt_opt.codegen.runtime import CheckpointRegion
 
 ROUNDS = 15
@@ -35,7 +37,7 @@ def main(device: str) -> None:
         len(plan.schedule.regions),
         "nested",
         len(plan.schedule.nested),
-        "region_overhead_s",
+        "overhead_s",
         plan.graph.graph.get("region_overhead_s"),
         "est recompute ms",
         plan.profile.recompute_s * 1e3,
@@ -57,6 +59,8 @@ def main(device: str) -> None:
         fwd = statistics.median(v[0] for v in values[WARMUP_ROUNDS:])
         bwd = statistics.median(v[1] for v in values[WARMUP_ROUNDS:])
         print(f"{name:12s} fwd ms {fwd * 1e3:.2f} bwd ms {bwd * 1e3:.2f}")
+    for _ in range(3):
+        print("measure_region_overhead_s", measure_region_overhead_s(device))
 
 
 if __name__ == "__main__":
