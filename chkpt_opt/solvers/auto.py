@@ -38,7 +38,7 @@ Beyond keep-set (``general=True``, the default; ``general=False`` stops at keep-
 proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``), except
 where the keep-set result meets the recompute bound (or, nothing fitting, its floor), which
 holds over every schedule: the search stops there (``"every_schedule"``). Otherwise the
-keep-set stages stop at 80% of the limit (``general_share``); in the time left, the cached
+keep-set stages stop at 90% of the limit (``general_share``); in the time left, the cached
 ops that the recompute bound's LP keeps are rounded into regions
 (:mod:`~chkpt_opt.solvers.cache_rounding`: selective-checkpoint schedules, a region per
 layer caching its matmuls, chosen by the LP), ``dp_nested`` (exact over nested schedules
@@ -90,9 +90,6 @@ proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incum
 BOUND_SHARE = 0.15
 """The share of the time limit the recompute bound may take (measured 0.2-1.1 s on graphs
 of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
-ROUNDING_SHARE = 0.9
-"""The cached-op rounding stops judging schedules at this share of the time limit
-(measured 0.3-3 s on Hugging Face graphs of 153-636 ops)."""
 
 
 def pick_exact(
@@ -158,7 +155,7 @@ class AutoSolver:
     default_time_limit_s: float = 60.0
     general: bool = True
     nesting: bool = True
-    general_share: float = 0.2
+    general_share: float = 0.1
     name: str = "auto"
 
     def __call__(
@@ -171,7 +168,12 @@ class AutoSolver:
             return self._keep_set(graph, budget_bytes, deadline, cover)
         keep_deadline = deadline.share(1.0 - self.general_share)
         keep = self._keep_set(graph, budget_bytes, keep_deadline, cover)
-        return _beyond_keep_set(graph, budget_bytes, keep, deadline, cover, self.nesting)
+        # The cached-op rounding (0.3-3 s on Hugging Face graphs of 153-636 ops) stops
+        # judging schedules halfway through what the keep-set stages leave at the least.
+        rounding_deadline = deadline.share(1.0 - self.general_share / 2)
+        return _beyond_keep_set(
+            graph, budget_bytes, keep, deadline, rounding_deadline, cover, self.nesting
+        )
 
     def _keep_set(
         self, graph: CostGraph, budget_bytes: int, deadline: Deadline, cover: RecomputeBound
@@ -263,6 +265,7 @@ def _beyond_keep_set(
     budget_bytes: int,
     keep: SolveResult,
     deadline: Deadline,
+    rounding_deadline: Deadline,
     cover: RecomputeBound,
     nesting: bool,
 ) -> SolveResult:
@@ -280,9 +283,7 @@ def _beyond_keep_set(
     # schedule fits. Searches from the other keep-set results (greedy's, sqrt's) were
     # dropped: on the Hugging Face graphs at 0.7-0.35 of their keep-all peak none won, and
     # the searches left finish sooner or get further in their time.
-    rounded = cache_rounding(
-        graph, budget_bytes, relaxed=cover, deadline=deadline.share(ROUNDING_SHARE)
-    )
+    rounded = cache_rounding(graph, budget_bytes, relaxed=cover, deadline=rounding_deadline)
     starts = [rounded.schedule, keep.schedule] if _improves(rounded, keep) else [keep.schedule]
     # Blocks between separators only where no keep-set schedule fits: their nested space
     # is coarser than keep-set's cuts (the small encoder at 0.7 of its peak: 1.24 against
