@@ -37,11 +37,13 @@ programs a proven gap, and proves a budget below every schedule's peak infeasibl
 Beyond keep-set (``general=True``, the default; ``general=False`` stops at keep-set): the
 proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``), except
 where the keep-set result meets the recompute bound (or, nothing fitting, its floor), which
-holds over every schedule: the search stops there (``"every_schedule"``). Otherwise the
-keep-set stages stop at 90% of the limit (``general_share``); in the time left, the cached
-ops that the recompute bound's LP keeps are rounded into regions
-(:mod:`~chkpt_opt.solvers.cache_rounding`: selective-checkpoint schedules, a region per
-layer caching its matmuls, chosen by the LP), ``dp_nested`` (exact over nested schedules
+holds over every schedule: the search stops there (``"every_schedule"``). Right after the
+bound (where keep-all does not fit), the cached ops that the recompute bound's LP keeps are
+rounded into regions (:mod:`~chkpt_opt.solvers.cache_rounding`: selective-checkpoint
+schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
+schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
+The keep-set stages stop at 90% of the limit (``general_share``); in the time left,
+``dp_nested`` (exact over nested schedules
 that cache nothing, on graphs that are simple chains; where no keep-set schedule fits, also
 over the blocks between a graph's separators; it refuses others at once) runs, the
 cached-op search starts from the keep-set result and, where it is better, from the rounded
@@ -70,7 +72,8 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import cut_positions
+from chkpt_opt.schedule import Schedule, cut_positions
+from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
 from chkpt_opt.solvers.blocks import find_blocks
 from chkpt_opt.solvers.cache_rounding import cache_rounding
@@ -90,6 +93,9 @@ proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incum
 BOUND_SHARE = 0.15
 """The share of the time limit the recompute bound may take (measured 0.2-1.1 s on graphs
 of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
+ROUNDING_SHARE = 0.1
+"""The share of the time limit the cached-op rounding may take after the bound (it stops
+judging schedules there; measured 0.3-3 s on Hugging Face graphs of 153-636 ops)."""
 
 
 def pick_exact(
@@ -169,14 +175,19 @@ class AutoSolver:
         cover = recompute_bound(graph, budget_bytes, deadline=deadline.share(BOUND_SHARE))
         if not self.general:
             return self._keep_set(graph, budget_bytes, deadline, cover)
+        # The cached-op rounding reads only the bound's LP, so it runs before the keep-set
+        # stages, which would leave it little where they run to their share.
+        rounded = None
+        if simulate(graph, Schedule()).peak_bytes > budget_bytes:  # else keep-all is optimal
+            rounded = cache_rounding(
+                graph,
+                budget_bytes,
+                relaxed=cover,
+                deadline=deadline.share(BOUND_SHARE + ROUNDING_SHARE),
+            )
         keep_deadline = deadline.share(1.0 - self.general_share)
         keep = self._keep_set(graph, budget_bytes, keep_deadline, cover)
-        # The cached-op rounding (0.3-3 s on Hugging Face graphs of 153-636 ops) stops
-        # judging schedules halfway through what the keep-set stages leave at the least.
-        rounding_deadline = deadline.share(1.0 - self.general_share / 2)
-        return _beyond_keep_set(
-            graph, budget_bytes, keep, deadline, rounding_deadline, cover, self.nesting
-        )
+        return _beyond_keep_set(graph, budget_bytes, keep, rounded, deadline, cover, self.nesting)
 
     def _keep_set(
         self, graph: CostGraph, budget_bytes: int, deadline: Deadline, cover: RecomputeBound
@@ -267,8 +278,8 @@ def _beyond_keep_set(
     graph: CostGraph,
     budget_bytes: int,
     keep: SolveResult,
+    rounded: SolveResult | None,
     deadline: Deadline,
-    rounding_deadline: Deadline,
     cover: RecomputeBound,
     nesting: bool,
 ) -> SolveResult:
@@ -279,14 +290,14 @@ def _beyond_keep_set(
     if _proven_over_every_schedule(keep, cover):
         return dataclasses.replace(keep, stats=dict(keep.stats, proofs_over="every_schedule"))
     keep_stats = dict(keep.stats, proofs_over="keep_set")
-    # The cached ops the recompute bound's LP keeps, rounded (cheap, and it reads the bound
-    # already solved); the exact nested DP (it refuses graphs that it cannot plan at
-    # once); the cached-op searches from the rounded schedule where it is better than the
-    # keep-set result, and from that result; the nested heuristic where no keep-set
-    # schedule fits. Searches from the other keep-set results (greedy's, sqrt's) were
-    # dropped: on the Hugging Face graphs at 0.7-0.35 of their keep-all peak none won, and
-    # the searches left finish sooner or get further in their time.
-    rounded = cache_rounding(graph, budget_bytes, relaxed=cover, deadline=rounding_deadline)
+    # Beside the cached ops the recompute bound's LP keeps, rounded (before the keep-set
+    # stages): the exact nested DP (it refuses graphs that it cannot plan at once); the
+    # cached-op searches from the rounded schedule where it is better than the keep-set
+    # result, and from that result; the nested heuristic where no keep-set schedule fits.
+    # Searches from the other keep-set results (greedy's, sqrt's) were dropped: on the
+    # Hugging Face graphs at 0.7-0.35 of their keep-all peak none won, and the searches
+    # left finish sooner or get further in their time.
+    assert rounded is not None  # it ran unless keep-all fits, which returned above
     starts = [rounded.schedule, keep.schedule] if _improves(rounded, keep) else [keep.schedule]
     # Blocks between separators only where no keep-set schedule fits: their nested space
     # is coarser than keep-set's cuts (the small encoder at 0.7 of its peak: 1.24 against
