@@ -4,6 +4,7 @@ worse than."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers import get_solver
+from chkpt_opt.solvers import auto, get_solver
 from chkpt_opt.solvers.bound_rounding import bound_rounding
 from chkpt_opt.solvers.cache_rounding import cache_rounding
 from chkpt_opt.solvers.deadline import Deadline
@@ -68,6 +69,34 @@ def test_on_a_llama_it_caches_where_keep_set_rounding_does_not_fit(small_llama: 
     assert_valid_result(graph, result, budget)
     found = get_solver("auto")(graph, budget, time_limit_s=10)
     assert found.feasible and found.objective <= result.objective * (1 + 1e-9)
+
+
+def test_auto_rounds_before_a_keep_set_stage_that_takes_its_whole_share(
+    small_llama: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rounding reads only the recompute bound, so ``auto`` runs it before the keep-set
+    stages: an exact stage that runs to its deadline leaves it its time (after them, it had
+    half a second of a 10 s limit on a loaded machine, and auto returned a costlier plan
+    than the rounding's own)."""
+    _, _, base = small_llama
+    graph = base.graph
+    budget = int(0.65 * simulate(graph, Schedule()).peak_bytes)
+    rounded = cache_rounding(graph, budget)
+    real = auto.get_solver
+
+    def slow_exact(graph, budget_bytes: int, *, time_limit_s: float | None = None):
+        time.sleep(time_limit_s or 0.0)  # the whole share, as a cut exact solver does
+        return real("greedy")(graph, budget_bytes)
+
+    monkeypatch.setattr(auto, "pick_exact", lambda graph, **_: ["slow_exact"])
+    monkeypatch.setattr(
+        auto,
+        "get_solver",
+        lambda name, **kw: slow_exact if name == "slow_exact" else real(name, **kw),
+    )
+    found = auto.AutoSolver()(graph, budget, time_limit_s=4)
+    assert found.feasible and found.objective <= rounded.objective * (1 + 1e-9)
+    assert "cache_rounding#0" in found.stats["tried"]
 
 
 def test_a_rounded_llama_schedule_runs_as_predicted(small_llama: tuple) -> None:
