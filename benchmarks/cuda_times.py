@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peers import timings
 
 import chkpt_opt
-import chkpt_opt.api
 from chkpt_opt import zoo
-from chkpt_opt.measure import run_step
 
 FIELDS = [
     "model",
@@ -65,7 +64,6 @@ VARIANTS = {"roofline": False, "measured": True}
 
 def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
     model, args, budget = half_activations(name, device)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows: dict[str, dict[str, Any]] = {}
     modules: dict[str, torch.nn.Module] = {"original": model}
     for label in VARIANTS:
@@ -99,18 +97,7 @@ def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
             "plan s": f"{plan_s:.1f}",
         }
         print(rows[label], flush=True)
-    samples: dict[str, list[float]] = {label: [] for label in modules}
-    for round_ in range(rounds + 1):
-        for label, module in modules.items():
-            for p in model.parameters():
-                p.grad = None
-            torch.manual_seed(round_)
-            sync()
-            start = time.perf_counter()
-            run_step(module, args, {})
-            sync()
-            if round_:
-                samples[label].append(time.perf_counter() - start)
+    samples = timings(modules, args, rounds)
     for p in model.parameters():
         p.grad = None
     for label, row in rows.items():
