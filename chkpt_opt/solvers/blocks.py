@@ -75,6 +75,32 @@ def find_blocks(graph: CostGraph, *, min_repeats: int = 2) -> Blocks | None:
 
     Every boundary that is not an allowed cut moves to the next allowed cut.
     """
+    bounds = _module_bounds(graph, min_repeats)
+    if bounds is None:
+        return None
+    blocks = make_blocks(graph, bounds)
+    return blocks if len(blocks.repeated) >= min_repeats else None
+
+
+def layer_spans(graph: CostGraph) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` op ranges of the model's own layers: the segments of
+    :func:`find_blocks` named after a module key ``<parent>.<k>`` whose parent names at
+    least two of them, alike or not (a Llama's first decoder layer, which computes what
+    the others read, beside the others; T5's encoder and decoder blocks, whose first
+    blocks differ from the rest): the regions of a model's own checkpointing. Empty where
+    the graph has none."""
+    bounds = _module_bounds(graph, 2)
+    if bounds is None:
+        return []
+    keys = _block_keys(graph)
+    named = [(lo, hi, key) for lo, hi in pairwise(bounds) if (key := keys[lo]) is not None]
+    parents = Counter(key.rsplit(".", 1)[0] for _, _, key in named)
+    return [(lo, hi) for lo, hi, key in named if parents[key.rsplit(".", 1)[0]] > 1]
+
+
+def _module_bounds(graph: CostGraph, min_repeats: int) -> list[int] | None:
+    """Segment boundaries where the ops' block key changes, each moved to the next allowed
+    cut; None where no parent module holds ``min_repeats`` blocks."""
     keys = _block_keys(graph)
     n = len(keys)
     parents = Counter(k.rsplit(".", 1)[0] for k in dict.fromkeys(k for k in keys if k))
@@ -88,8 +114,7 @@ def find_blocks(graph: CostGraph, *, min_repeats: int = 2) -> Blocks | None:
                 p += 1
             if p < n and p > bounds[-1]:
                 bounds.append(p)
-    blocks = make_blocks(graph, [*bounds, n])
-    return blocks if len(blocks.repeated) >= min_repeats else None
+    return [*bounds, n]
 
 
 def make_blocks(graph: CostGraph, bounds: Sequence[int], *, phase: int = 0) -> Blocks:

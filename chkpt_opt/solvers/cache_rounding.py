@@ -9,11 +9,19 @@ LP keeps can. This is the schedule family of selective activation checkpointing 
 region per layer, matmuls saved), chosen by the LP instead of by op names.
 
 Rounding makes regions of the runs of ops whose share exceeds a threshold (runs at most
-``gap`` ops apart merged, widened to allowed cuts), and also tries the graph's repeated
-blocks (:func:`~chkpt_opt.solvers.blocks.find_blocks`) as regions; inside each region it
+``gap`` ops apart merged, widened to allowed cuts), and also tries the graph's blocks
+(:func:`~chkpt_opt.solvers.blocks.find_blocks`) as regions; inside each region it
 caches the ops the LP keeps (share at most a second threshold) where a region may cache
-(:func:`~chkpt_opt.schedule.cache_candidates`). The simulator judges every schedule; the
-cheapest that fits wins, else the lowest peak. A heuristic: it claims no bound.
+(:func:`~chkpt_opt.schedule.cache_candidates`), or the densest of them (forward seconds
+per output byte) in fixed shares, or the longest prefix that fits the budget of them
+densest first and costliest first, found by bisection. The layouts tried first are the
+graph's repeated blocks and the model's own layers
+(:func:`~chkpt_opt.solvers.blocks.layer_spans`), so that the family holds the layouts
+of a model's own checkpointing: a region per layer, and selective activation
+checkpointing's region per layer caching its matmuls, which the costliest-first prefix
+meets at its own peak where the matmuls are the costliest ops. The simulator judges
+every schedule; the cheapest that fits wins, else the lowest peak. A heuristic: it
+claims no bound.
 
 On Hugging Face Llama (``chkpt_opt.zoo.huggingface.llama()``: 384 ops, 6 layers;
 roofline costs) at 63% of the keep-all peak it finds 0.020 s of recompute in 2 s, where
@@ -42,8 +50,9 @@ from collections.abc import Iterator, Mapping
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cache_candidates, cut_positions
+from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
-from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.blocks import find_blocks, layer_spans
 from chkpt_opt.solvers.bound_rounding import rounded_spans
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.judge import best_simulated
@@ -84,11 +93,22 @@ def cache_rounding(
         relaxed = recompute_bound(graph, budget_bytes, deadline=deadline)
     share = relaxed.recompute_share
 
+    probes = [0]
+
     def candidates() -> Iterator[Schedule]:
         for spans in _region_spans(graph, order, share):
             regions = Schedule.from_spans(graph, spans)
-            for saved in _cache_choices(graph, cache_candidates(graph, regions), share):
+            cacheable = cache_candidates(graph, regions)
+            dense = _densest_first(graph, cacheable)
+            for saved in _cache_choices(dense, share):
                 yield Schedule(regions.regions, saved=saved)
+            for ranked in (dense, _costliest_first(graph, cacheable)):
+                fitting, simulated = _longest_fitting_prefix(
+                    graph, regions, ranked, budget_bytes, deadline
+                )
+                probes[0] += simulated
+                if fitting is not None:
+                    yield fitting
 
     schedule, profile, judged = best_simulated(graph, budget_bytes, candidates(), deadline=deadline)
     return result_from_profile(
@@ -97,25 +117,78 @@ def cache_rounding(
         budget_bytes=budget_bytes,
         solver="cache_rounding",
         solve_s=clock.elapsed_s(),
-        stats={"schedules": judged, "cached_ops": len(schedule.saved)},
+        stats={"schedules": judged, "prefix_probes": probes[0], "cached_ops": len(schedule.saved)},
     )
 
 
-def _cache_choices(
-    graph: CostGraph, candidates: list[str], share: Mapping[str, float]
-) -> list[frozenset[str]]:
-    """The sets of cached ops tried in one region layout: none; those the LP keeps (share
-    at most each of :data:`CACHE_THRESHOLDS`); the densest candidates (forward seconds
-    per output byte, the matmuls of a transformer layer first), in prefixes of
-    :data:`DENSEST_SHARES` of them."""
-    choices = [frozenset()]
-    for threshold in CACHE_THRESHOLDS:
-        choices.append(frozenset(v for v in candidates if share.get(v, 1.0) <= threshold))
+def _densest_first(graph: CostGraph, candidates: list[str]) -> list[str]:
+    """``candidates`` by forward seconds per output byte, densest first (a transformer
+    layer's norms' statistics and matmuls first); stable, so ties keep execution order."""
     nodes = graph.nodes
-    dense = sorted(
+    return sorted(
         candidates,
         key=lambda v: -nodes[v]["fwd_time_s"] / max(1, sum(nodes[v]["outputs"].values())),
     )
+
+
+def _costliest_first(graph: CostGraph, candidates: list[str]) -> list[str]:
+    """``candidates`` by forward seconds, costliest first (stable): where the budget is
+    tight, the densest prefix that fits may leave out a matmul that its cheap, small
+    outputs (a norm's statistics) crowd out; this order keeps the matmuls together."""
+    nodes = graph.nodes
+    return sorted(candidates, key=lambda v: -nodes[v]["fwd_time_s"])
+
+
+def _longest_fitting_prefix(
+    graph: CostGraph,
+    regions: Schedule,
+    ranked: list[str],
+    budget_bytes: int,
+    deadline: Deadline,
+) -> tuple[Schedule | None, int]:
+    """The layout ``regions`` caching the longest prefix of ``ranked`` whose simulated peak
+    fits ``budget_bytes`` (bisection on the prefix length: caching more holds more, so the
+    peak grows with it, and the judge simulates what is returned anyway), with how many
+    schedules the bisection simulated; None where caching nothing does not fit, or the
+    deadline passed first.
+
+    The fixed shares of :data:`DENSEST_SHARES` fall on either side of a cliff where one
+    more cached matmul no longer fits. On Hugging Face Llama (``llama()``, roofline
+    costs) at the peak of selective checkpointing's layout (a region per layer caching
+    its 42 matmuls), the densest 0.35 of its 198 cacheable ops peak 110,592 B over it and
+    the densest 0.2 recompute 3.0 times what the layout does; the longest densest prefix
+    that fits recomputes 1.14 times (its norms' statistics crowd out a matmul), the
+    longest costliest-first prefix that fits is the layout's own cached set (T5 alike:
+    1.24 times, and its own set)."""
+
+    def fits(length: int) -> bool:
+        saved = frozenset(ranked[:length])
+        return simulate(graph, Schedule(regions.regions, saved=saved)).peak_bytes <= budget_bytes
+
+    probes = 1
+    if not fits(0):
+        return None, probes
+    low, high = 0, len(ranked)  # fits(low); the answer is in [low, high]
+    while low < high:
+        if deadline.expired():
+            return None, probes
+        middle = (low + high + 1) // 2
+        probes += 1
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return Schedule(regions.regions, saved=frozenset(ranked[:low])), probes
+
+
+def _cache_choices(dense: list[str], share: Mapping[str, float]) -> list[frozenset[str]]:
+    """The sets of cached ops tried in one region layout whose cacheable ops are ``dense``
+    (:func:`_densest_first`): none; those the LP keeps (share at most each of
+    :data:`CACHE_THRESHOLDS`); the densest, in prefixes of :data:`DENSEST_SHARES` of
+    them."""
+    choices = [frozenset()]
+    for threshold in CACHE_THRESHOLDS:
+        choices.append(frozenset(v for v in dense if share.get(v, 1.0) <= threshold))
     for fraction in DENSEST_SHARES:
         choices.append(frozenset(dense[: max(1, round(fraction * len(dense)))]))
     return list(dict.fromkeys(choices))
@@ -124,8 +197,10 @@ def _cache_choices(
 def _region_spans(
     graph: CostGraph, order: list[str], share: Mapping[str, float]
 ) -> list[list[tuple[int, int]]]:
-    """The region layouts tried: the graph's repeated blocks first, then the rounded runs
-    of every threshold and gap (distinct layouts only, in that order)."""
+    """The region layouts tried: the graph's repeated blocks first, then the model's own
+    layers (:func:`~chkpt_opt.solvers.blocks.layer_spans`: the layout of its own
+    checkpointing), then the rounded runs of every threshold and gap (distinct layouts
+    only, in that order)."""
     layouts: list[list[tuple[int, int]]] = []
     blocks = find_blocks(graph)
     if blocks is not None:  # every segment whose kind repeats (encoder and decoder layers)
@@ -133,6 +208,7 @@ def _region_spans(
         layouts.append(
             [span for span, kind in zip(blocks.segments, blocks.kinds) if counts[kind] > 1]
         )
+    layouts.append(layer_spans(graph))
     allowed = cut_positions(graph)
     for threshold in REGION_THRESHOLDS:
         recomputed = [share.get(v, 0.0) > threshold for v in order]
