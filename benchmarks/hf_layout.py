@@ -10,8 +10,8 @@ random weights, ``profile_times=True``), measured on the CPU in one process:
 
 * ``hf``: ``gradient_checkpointing_enable()`` (non-reentrant), and its allocator peak;
 * ``plan``: ``auto``'s plan for that peak (the time limit given);
-* ``layout``: Hugging Face's layout as a chkpt_opt schedule, one region per repeated block
-  (:func:`~chkpt_opt.solvers.blocks.find_blocks`, every segment named after a block).
+* ``layout``: Hugging Face's layout as a chkpt_opt schedule, one region per layer
+  (:func:`~chkpt_opt.own_layouts.own_layouts`: every segment named after a layer).
 
 Per module: the cost model's recompute seconds (the simulator's, per-region overhead
 included) and the median time of interleaved steps over the original's and over ``hf``'s
@@ -43,10 +43,10 @@ from torch.profiler import ProfilerActivity, profile
 import chkpt_opt
 from chkpt_opt.api import Plan
 from chkpt_opt.measure import run_step
+from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import result_from_profile
-from chkpt_opt.solvers.blocks import find_blocks
 from chkpt_opt.zoo import huggingface as hf_zoo
 
 
@@ -90,18 +90,14 @@ def main() -> None:
     graph = base.graph
     hf = hf_checkpointed(model)
     budget = allocator_peak(hf, args)
-    blocks = find_blocks(graph)
-    if blocks is None:
-        sys.exit(f"{options.model}: no repeated blocks found; nothing to compare")
-    spans = [
-        span
-        for span, name in zip(blocks.segments, blocks.names)
-        if "block" in name or "layer" in name
-    ]
+    layouts = own_layouts(graph)
+    if not layouts:
+        sys.exit(f"{options.model}: no layers found; nothing to compare")
+    layout = layouts["layers"]
     found = chkpt_opt.get_solver("auto")(graph, budget, time_limit_s=options.time_limit)
     plans = {
         "plan": planned(base, found.schedule, budget, "auto"),
-        "layout": planned(base, Schedule.from_spans(graph, spans), budget, "layout"),
+        "layout": planned(base, layout, budget, "layout"),
     }
     modules: dict[str, nn.Module] = {"original": model, "hf": hf}
     modules.update({label: made.apply() for label, made in plans.items()})
@@ -111,7 +107,7 @@ def main() -> None:
         "",
         f"`python benchmarks/hf_layout.py --model {options.model} --repeats {options.repeats}"
         f" --time-limit {options.time_limit:g}`; budget: HF checkpointing's allocator peak,"
-        f" {budget / 2**20:.1f} MiB; {len(spans)} block regions in the layout.",
+        f" {budget / 2**20:.1f} MiB; {len(layout.regions)} block regions in the layout.",
         "",
         "| module | regions | peak MiB | recompute s (model) | time vs original | vs hf |",
         "|---|---|---|---|---|---|",

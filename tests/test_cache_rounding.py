@@ -99,10 +99,6 @@ def test_auto_rounds_before_a_keep_set_stage_that_takes_its_whole_share(
     assert "cache_rounding#0" in found.stats["tried"]
 
 
-MATMULS = {"linear", "mm", "addmm", "bmm", "matmul", "scaled_dot_product_attention"}
-"""The ops selective activation checkpointing saves (torchtitan's list, at this level)."""
-
-
 @pytest.mark.parametrize(
     "family, size",
     [
@@ -120,23 +116,19 @@ def test_it_recomputes_no_more_than_the_models_own_checkpointing(family: str, si
     so it has no repeated blocks) had no layer layout at all."""
     pytest.importorskip("transformers")
     from chkpt_opt.api import plan
-    from chkpt_opt.schedule import cache_candidates
-    from chkpt_opt.solvers.blocks import layer_spans
+    from chkpt_opt.own_layouts import own_layouts
     from chkpt_opt.zoo import huggingface as hf_zoo
 
     model, args, _ = hf_zoo.FAMILIES[family](**size)
     graph = plan(model, args, budget=10**15, optimizer=None, solver="keep_all").graph
-    layers = Schedule.from_spans(graph, layer_spans(graph))
-    assert len(layers.regions) == size["layers"]
-    matmuls = frozenset(
-        v for v in cache_candidates(graph, layers) if graph.nodes[v]["op"].split(".")[1] in MATMULS
-    )
-    assert matmuls
-    for layout in (layers, Schedule(layers.regions, saved=matmuls)):
+    layouts = own_layouts(graph)
+    assert len(layouts["layers"].regions) == size["layers"]
+    assert layouts["layers, matmuls cached"].saved
+    for name, layout in layouts.items():
         own = simulate(graph, layout)
         result = cache_rounding(graph, own.peak_bytes)
-        assert result.feasible, layout
-        assert result.objective <= own.recompute_s * (1 + 1e-9), (layout.saved, result.stats)
+        assert result.feasible, name
+        assert result.objective <= own.recompute_s * (1 + 1e-9), (name, result.stats)
 
 
 def test_a_rounded_llama_schedule_runs_as_predicted(small_llama: tuple) -> None:
