@@ -147,10 +147,10 @@ def _longest_fitting_prefix(
     deadline: Deadline,
 ) -> tuple[Schedule | None, int]:
     """The layout ``regions`` caching the longest prefix of ``ranked`` whose simulated peak
-    fits ``budget_bytes`` (bisection on the prefix length: caching more holds more, so the
-    peak grows with it, and the judge simulates what is returned anyway), with how many
-    schedules the bisection simulated; None where caching nothing does not fit, or the
-    deadline passed first.
+    fits ``budget_bytes``, by bisection on the prefix length (caching more holds more of
+    the forward pass's tensors, so the peak mostly grows with it; where it does not, the
+    prefix found fits but may not be the longest), with how many schedules the bisection
+    simulated; None where caching nothing does not fit, or the deadline passed first.
 
     The fixed shares of :data:`DENSEST_SHARES` fall on either side of a cliff where one
     more cached matmul no longer fits. On Hugging Face Llama (``llama()``, roofline
