@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from peers import timings
+from peers import paired_ratio, timings
 
 import chkpt_opt
 from chkpt_opt import zoo
@@ -101,10 +100,9 @@ def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
     for p in model.parameters():
         p.grad = None
     for label, row in rows.items():
-        ratios = [t / o for t, o in zip(samples[label], samples["original"], strict=True)]
-        middle = statistics.median(ratios)
+        middle, spread = paired_ratio(samples[label], samples["original"])
         row["measured step time ratio"] = f"{middle:.2f}"
-        row["spread"] = f"{2 * statistics.median(abs(r - middle) for r in ratios):.2f}"
+        row["spread"] = f"{spread:.2f}"
     return list(rows.values())
 
 

@@ -32,11 +32,10 @@ import torch
 from hf_models import (
     allocator_peak,
     hf_checkpointed,
-    paired_ratio,
     with_result,
     write_markdown,
 )
-from peers import timings
+from peers import paired_ratio, timings
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 

@@ -52,7 +52,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peers import Checkpointed, _Compiled, _save_matmuls, compiled, timings, with_blocks
+from peers import (
+    Checkpointed,
+    _Compiled,
+    _save_matmuls,
+    compiled,
+    paired_ratio,
+    timings,
+    with_blocks,
+)
 from torch import nn
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
@@ -367,15 +375,6 @@ def schedule_shape(schedule: Schedule) -> str:
         f"{len(schedule.regions)} regions, {len(schedule.nested)} nested, "
         f"{len(schedule.saved)} cached"
     )
-
-
-def paired_ratio(ours: list[float], peer: list[float]) -> tuple[float, float]:
-    """The median of the per-round time ratios ``ours / peer`` and twice their median
-    absolute deviation: the two were timed in the same rounds, so load that slows a
-    round slows both, and the ratio's own spread is the margin that matters."""
-    ratios = [a / b for a, b in zip(ours, peer, strict=True)]
-    middle = statistics.median(ratios)
-    return middle, 2 * statistics.median(abs(r - middle) for r in ratios)
 
 
 def verdict(row: dict[str, Any], peer: dict[str, Any]) -> str:

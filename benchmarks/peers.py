@@ -186,6 +186,15 @@ def timings(
     return times
 
 
+def paired_ratio(ours: list[float], peer: list[float]) -> tuple[float, float]:
+    """The median of the per-round time ratios ``ours / peer`` and twice their median
+    absolute deviation: the two were timed in the same rounds, so load that slows a
+    round slows both, and the ratio's own spread is the margin that matters."""
+    ratios = [a / b for a, b in zip(ours, peer, strict=True)]
+    middle = statistics.median(ratios)
+    return middle, 2 * statistics.median(abs(r - middle) for r in ratios)
+
+
 def chkpt_opt_for(
     model: nn.Module,
     args: tuple[Any, ...],
