@@ -75,7 +75,7 @@ def find_blocks(graph: CostGraph, *, min_repeats: int = 2) -> Blocks | None:
 
     Every boundary that is not an allowed cut moves to the next allowed cut.
     """
-    bounds = _module_bounds(graph, min_repeats)
+    bounds = _module_bounds(graph, _block_keys(graph), min_repeats)
     if bounds is None:
         return None
     blocks = make_blocks(graph, bounds)
@@ -89,19 +89,19 @@ def layer_spans(graph: CostGraph) -> list[tuple[int, int]]:
     the others read, beside the others; T5's encoder and decoder blocks, whose first
     blocks differ from the rest): the regions of a model's own checkpointing. Empty where
     the graph has none."""
-    bounds = _module_bounds(graph, 2)
+    keys = _block_keys(graph)
+    bounds = _module_bounds(graph, keys, 2)
     if bounds is None:
         return []
-    keys = _block_keys(graph)
     named = [(lo, hi, key) for lo, hi in pairwise(bounds) if (key := keys[lo]) is not None]
     parents = Counter(key.rsplit(".", 1)[0] for _, _, key in named)
     return [(lo, hi) for lo, hi, key in named if parents[key.rsplit(".", 1)[0]] > 1]
 
 
-def _module_bounds(graph: CostGraph, min_repeats: int) -> list[int] | None:
-    """Segment boundaries where the ops' block key changes, each moved to the next allowed
-    cut; None where no parent module holds ``min_repeats`` blocks."""
-    keys = _block_keys(graph)
+def _module_bounds(graph: CostGraph, keys: list[str | None], min_repeats: int) -> list[int] | None:
+    """Segment boundaries where the ops' block ``keys`` change (:func:`_block_keys`), each
+    moved to the next allowed cut; None where no parent module holds ``min_repeats``
+    blocks."""
     n = len(keys)
     parents = Counter(k.rsplit(".", 1)[0] for k in dict.fromkeys(k for k in keys if k))
     if not parents or max(parents.values()) < min_repeats:
