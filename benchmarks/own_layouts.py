@@ -4,9 +4,10 @@ model: does chkpt_opt's plan recompute less than what the user would run instead
 Run:
     python benchmarks/own_layouts.py --time-limit 20 -o benchmarks/results/own_layouts
 
-For each Hugging Face family (:mod:`chkpt_opt.zoo.huggingface`, built from its config with
-random weights: 6 layers of width 256, batch 4 x 256 tokens; roofline op costs, so the run
-is deterministic but for the time limit) and each of its own layouts
+For each Hugging Face family (:mod:`chkpt_opt.zoo.huggingface` at its default sizes, as
+``hf_models.py`` builds them: from its config with random weights, 6 layers of width 256,
+batch 4 x 256 tokens, ViT 4 images of 224²; roofline op costs, so the run is deterministic
+but for the time limit) and each of its own layouts
 (:func:`chkpt_opt.own_layouts.own_layouts`: a region per layer, as
 ``gradient_checkpointing_enable()``; those regions caching their matmuls, as selective
 activation checkpointing), at that layout's simulated peak:
@@ -57,7 +58,7 @@ FIELDS = [
 
 
 def rows_of(family: str, time_limit_s: float) -> list[dict[str, Any]]:
-    model, args, _ = hf_zoo.FAMILIES[family](layers=6, width=256, batch=4, seq=256)
+    model, args, _ = hf_zoo.FAMILIES[family]()
     graph = trace_model(model, args, name=family).graph
     rows = []
     for name, layout in own_layouts(graph).items():
