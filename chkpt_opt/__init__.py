@@ -3,7 +3,8 @@
 Example:
     >>> import torch, chkpt_opt
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
-    >>> optimized = chkpt_opt.optimize(net, (torch.randn(32, 64),), budget="1MB", optimizer=None)
+    >>> net = chkpt_opt.optimize(net, budget="1MB", optimizer=None)  # the same object
+    >>> net(torch.randn(32, 64)).sum().backward()  # plans on this first training batch
 
 The names that need torch (tracing, planning, validating, compiling) are imported on first
 use, so ``import chkpt_opt.solvers`` and ``chkpt_opt.graphs.io`` run without torch.
@@ -41,7 +42,9 @@ _LAZY = {
     "Plan": "chkpt_opt.api",
     "activation_budget": "chkpt_opt.whole_step",
     "apply": "chkpt_opt.api",
-    "optimize": "chkpt_opt.api",
+    "attachment_of": "chkpt_opt.attachment",
+    "detach": "chkpt_opt.attachment",
+    "optimize": "chkpt_opt.attachment",
     "plan": "chkpt_opt.api",
     "simulate_step": "chkpt_opt.whole_step",
     "solve": "chkpt_opt.whole_step",
@@ -94,8 +97,10 @@ __all__ = [
     "ValidationReport",
     "activation_budget",
     "apply",
+    "attachment_of",
     "available_solvers",
     "compile_module",
+    "detach",
     "format_bytes",
     "get_solver",
     "load_graph",

@@ -1,4 +1,5 @@
-"""The public API: trace, solve, simulate, plan, optimize.
+"""The public API: trace, solve, simulate, plan (the in-place ``optimize`` is in
+:mod:`chkpt_opt.attachment`).
 
 Units: solvers and the simulator count activation bytes (what the forward and backward
 passes create); :func:`solve` and :func:`plan` take the budget of the whole training step
@@ -54,8 +55,8 @@ __all__ = [
     "StepSolveResult",
     "activation_budget",
     "apply",
-    "optimize",
     "plan",
+    "plan_traced",
     "simulate_step",
     "smallest_peak",
     "solve",
@@ -272,20 +273,53 @@ def plan(
         TraceError: the model or its inputs cannot be traced.
     """
     start = time.perf_counter()
+    if profile_times is None:
+        profile_times = device_of(model, (example_inputs,)).type == "cuda"
+    traced = trace_model(
+        model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
+    )
+    left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
+    made = plan_traced(
+        traced,
+        budget=budget,
+        solver=solver,
+        optimizer=optimizer,
+        time_limit_s=left,
+        profile_times=profile_times,
+    )
+    log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
+    return made
+
+
+def plan_traced(
+    traced: Traced,
+    *,
+    budget: int | str | Budget,
+    solver: str = "auto",
+    optimizer: OptimizerArg = "adamw",
+    time_limit_s: float | None = None,
+    profile_times: bool = False,
+) -> Plan:
+    """:func:`plan` for a model already traced: the budget split, the solve and the
+    simulation of its schedule. ``time_limit_s`` bounds this call (at least one second for
+    the solver, and again for the search for the smallest feasible budget when the budget
+    cannot be met); ``profile_times`` says whether the trace measured op times, in which
+    case the cost of one recompute region is measured here too.
+
+    Raises:
+        BudgetError, InfeasibleBudgetError: as :func:`plan`.
+    """
+    start = time.perf_counter()
 
     def left_s() -> float | None:
         if time_limit_s is None:
             return None
         return max(1.0, time_limit_s - (time.perf_counter() - start))
 
-    if profile_times is None:
-        profile_times = device_of(model, (example_inputs,)).type == "cuda"
-    traced = trace_model(
-        model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
-    )
     graph = traced.graph
     if profile_times:
-        graph.graph["region_overhead_s"] = measure_region_overhead_s(device_of(model, traced.args))
+        device = device_of(traced.captured.module, traced.args)
+        graph.graph["region_overhead_s"] = measure_region_overhead_s(device)
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
@@ -303,18 +337,15 @@ def plan(
             min_feasible_bytes=minimum,
             exact=bool(lowest.stats.get("min_feasible_proven")),
         )
-    profile = simulate(graph, result.schedule)
-    made = Plan(
+    return Plan(
         graph=graph,
         result=result,
         budget=parsed,
         static=static,
         activation_budget_bytes=act,
-        profile=profile,
+        profile=simulate(graph, result.schedule),
         traced=traced,
     )
-    log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
-    return made
 
 
 def _smallest_budget_phrase(lowest: SolveResult) -> str:
@@ -360,21 +391,6 @@ def _version() -> str:
     from chkpt_opt import __version__
 
     return __version__
-
-
-def optimize(
-    model: torch.nn.Module,
-    example_inputs: Any,
-    *,
-    budget: int | str | Budget,
-    **kwargs: Any,
-) -> torch.nn.Module:
-    """``plan(model, example_inputs, budget=..., **kwargs).apply()``.
-
-    The returned module computes the same function as ``model`` and shares its Parameter
-    objects, so an optimizer built on ``model.parameters()`` trains it.
-    """
-    return plan(model, example_inputs, budget=budget, **kwargs).apply()
 
 
 def trace(

@@ -13,7 +13,12 @@ import torch
 from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph
 from chkpt_opt.graphs.tracer.build import ProgressFn, build_cost_graph
-from chkpt_opt.graphs.tracer.capture import Captured, capture, normalize_inputs
+from chkpt_opt.graphs.tracer.capture import (
+    Captured,
+    capture,
+    normalize_inputs,
+    separate_aliases,
+)
 from chkpt_opt.graphs.tracer.device_workspace import Ruler, unseen_workspaces
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,13 @@ def trace_model(
             "in a Module whose forward calls it."
         )
     args, kwargs = normalize_inputs(example_inputs, example_kwargs)
+    args, kwargs, copied = separate_aliases(args, kwargs, model)
+    if copied:
+        log.info(
+            "inputs %s share memory with another input or a parameter: captured as separate "
+            "inputs (copies), so calls with distinct tensors there compute what the model does",
+            ", ".join(copied),
+        )
     if not model.training:
         log.warning(
             "%s is in eval mode; tracing it as is (call model.train() to plan training)",

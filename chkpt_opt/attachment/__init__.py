@@ -1,0 +1,156 @@
+"""The drop-in form: ``model = chkpt_opt.optimize(model, budget="20GB")``.
+
+The plan is attached to the model in place, as ``gradient_checkpointing_enable()`` attaches
+Hugging Face's checkpointing: the model keeps its class, Parameters, ``state_dict`` keys,
+``save_pretrained`` and ``generate``; while it trains (``model.training`` and gradients
+enabled) its forward runs the schedule, planned from the first training batch (or ahead,
+from example inputs), and every later input signature is served (see
+:mod:`~chkpt_opt.attachment.attached`). :func:`detach` gives the model its own forward back.
+``chkpt_opt.plan(...).apply()`` remains for a separate optimized module.
+
+Example:
+    >>> import torch, chkpt_opt
+    >>> net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    >>> same = chkpt_opt.optimize(net, budget="1MB", optimizer=None)
+    >>> same is net
+    True
+    >>> net(torch.randn(32, 64)).sum().backward()   # planned on this first batch
+    >>> net(torch.randn(20, 64)).sum().backward()   # a smaller one: the same schedule
+    >>> chkpt_opt.detach(net) is net
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chkpt_opt.attachment.attached import (
+    AttachedForward,
+    Attachment,
+    AttachmentStats,
+    Runner,
+)
+from chkpt_opt.attachment.call_key import CallKey
+from chkpt_opt.budget import Budget, parse_budget
+from chkpt_opt.whole_step import OptimizerArg
+
+__all__ = [
+    "AttachedForward",
+    "Attachment",
+    "AttachmentStats",
+    "CallKey",
+    "Runner",
+    "attachment_of",
+    "detach",
+    "optimize",
+]
+
+log = logging.getLogger(__name__)
+
+_ATTRIBUTE = "_chkpt_opt_attachment"
+
+
+def optimize(
+    model: torch.nn.Module,
+    example_inputs: Any = None,
+    *,
+    budget: int | str | Budget,
+    example_kwargs: dict[str, Any] | None = None,
+    solver: str = "auto",
+    optimizer: OptimizerArg = "adamw",
+    time_limit_s: float | None = None,
+    tracer: str = "auto",
+    profile_times: bool | None = None,
+    plan_dir: str | Path | None = None,
+) -> torch.nn.Module:
+    """Attaches a plan that keeps every training step of ``model`` within ``budget``;
+    returns ``model`` itself.
+
+    Args:
+        model: the model; it keeps its class, Parameters and ``state_dict`` keys.
+        example_inputs: positional inputs of one training step, to plan now rather than on
+            the first training call (``example_kwargs`` likewise). Plan for the largest
+            batch the loop feeds: smaller ones reuse that schedule.
+        budget: peak memory of the whole training step (``"20GB"``, ``"20GiB"``, bytes,
+            ``"80%"`` of the CUDA device), as in :func:`chkpt_opt.plan`.
+        solver, optimizer, tracer, profile_times: as in :func:`chkpt_opt.plan`.
+        time_limit_s: time limit of each solve (the first batch, and any larger or new
+            signature), tracing included.
+        plan_dir: a folder where plans are kept across restarts (keyed by the graph's
+            fingerprint, the settings and the versions), so a resumed job does not solve
+            again.
+
+    Raises:
+        BudgetError: an unreadable budget (at once); InfeasibleBudgetError from the call that
+            no schedule can serve within the budget, stating the smallest budget that can.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    detach(model)
+    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
+        log.warning(
+            "%s has Hugging Face gradient checkpointing enabled; chkpt_opt plans the model as "
+            "it runs, checkpoints included. Call model.gradient_checkpointing_disable() first "
+            "to let the plan choose what to recompute.",
+            type(model).__name__,
+        )
+    attachment = Attachment(
+        model=model,
+        budget=parse_budget(budget, device_total_bytes=_device_total_bytes(model)),
+        solver=solver,
+        optimizer=optimizer,
+        time_limit_s=time_limit_s,
+        tracer=tracer,
+        profile_times=profile_times,
+        plan_dir=Path(plan_dir) if plan_dir is not None else None,
+        own_forward=model.__dict__.get("forward"),
+    )
+    model.__dict__[_ATTRIBUTE] = attachment
+    model.__dict__["forward"] = AttachedForward(attachment)
+    if example_inputs is not None or example_kwargs is not None:
+        _plan_ahead(attachment, example_inputs, example_kwargs or {})
+    return model
+
+
+def _plan_ahead(attachment: Attachment, example_inputs: Any, kwargs: dict[str, Any]) -> None:
+    if isinstance(example_inputs, torch.Tensor):
+        args: tuple[Any, ...] = (example_inputs,)
+    else:
+        args = tuple(example_inputs or ())
+    model = attachment.model
+    was_training = model.training
+    model.train()
+    try:
+        with torch.enable_grad():
+            attachment.runner_for(args, attachment.training_kwargs(kwargs))
+    finally:
+        model.train(was_training)
+
+
+def detach(model: torch.nn.Module) -> torch.nn.Module:
+    """Removes the plan :func:`optimize` attached: ``model`` runs its own forward again.
+    Returns ``model``; a model with no plan attached is returned as it is."""
+    attachment = model.__dict__.pop(_ATTRIBUTE, None)
+    if attachment is None:
+        return model
+    del model.__dict__["forward"]
+    if attachment.own_forward is not None:
+        model.__dict__["forward"] = attachment.own_forward
+    return model
+
+
+def attachment_of(model: torch.nn.Module) -> Attachment | None:
+    """The plan attached to ``model`` by :func:`optimize`, or None: its runners (one per
+    input signature seen, with its schedule and predicted peak) and its stats."""
+    return model.__dict__.get(_ATTRIBUTE)
+
+
+def _device_total_bytes(model: torch.nn.Module) -> int | None:
+    first = next(iter(model.parameters()), None)
+    if first is not None and first.device.type == "cuda":
+        return int(torch.cuda.get_device_properties(first.device).total_memory)
+    return None

@@ -1,0 +1,308 @@
+"""A plan attached to a model in place: its forward, while training, runs the schedule.
+
+:class:`Attachment` holds the settings of :func:`chkpt_opt.optimize` and one rewritten
+module per :class:`~chkpt_opt.attachment.call_key.CallKey`. Outside training (``eval()``,
+``torch.no_grad()``, ``generate()``) the model's own forward runs, untouched. A call with a
+key not seen before is captured (about a second for a small model); its schedule is
+
+* one already made for a call of its family (same inputs, other shapes) at least as
+  large, where the simulator shows that it fits the budget at this shape (the same
+  program at smaller sizes: the usual case for a smaller last batch or shorter padding);
+* else one stored on disk for this graph and these settings (``plan_dir``);
+* else solved (logged): the first call, a larger batch than any planned, a new keyword set,
+  another precision. A budget no schedule can meet at that shape raises, rather than
+  running over it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chkpt_opt.attachment.call_key import CallKey, call_key
+from chkpt_opt.attachment.plan_store import load_stored, plan_path
+from chkpt_opt.budget import Budget, format_bytes
+from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.errors import ScheduleError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.tracer import Traced, trace_model
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.whole_step import OptimizerArg, activation_budget
+
+log = logging.getLogger(__name__)
+
+MAX_RUNNERS = 128
+"""Rewritten modules kept at once (least recently used dropped first); each holds only
+code, its tensors are the model's."""
+
+
+@dataclass(frozen=True)
+class Runner:
+    """The rewritten module that serves one call key.
+
+    Attributes:
+        key: the call key.
+        module: the rewritten module (shares the model's parameters and buffers).
+        schedule: the schedule it runs.
+        predicted_peak_bytes: the predicted peak of the whole step at this key's shapes.
+        source: ``"solved"``, ``"reused"`` (a family member's schedule) or ``"stored"``.
+    """
+
+    key: CallKey
+    module: torch.nn.Module
+    schedule: Schedule
+    predicted_peak_bytes: int
+    source: str
+
+
+@dataclass
+class AttachmentStats:
+    """What the attachment has done so far.
+
+    Attributes:
+        captures: calls captured (one per new key).
+        solves, reuses, stored: where those captures' schedules came from.
+        prepare_s: seconds spent on new keys: capturing, planning and rewriting.
+        solve_s: the part of ``prepare_s`` spent solving.
+        largest_predicted_peak_bytes: the largest predicted step peak of any key.
+    """
+
+    captures: int = 0
+    solves: int = 0
+    reuses: int = 0
+    stored: int = 0
+    prepare_s: float = 0.0
+    solve_s: float = 0.0
+    largest_predicted_peak_bytes: int = 0
+
+
+@dataclass
+class Attachment:
+    """The plan attached to ``model`` (see :func:`chkpt_opt.optimize` for the settings)."""
+
+    model: torch.nn.Module
+    budget: Budget
+    solver: str = "auto"
+    optimizer: OptimizerArg = "adamw"
+    time_limit_s: float | None = None
+    tracer: str = "auto"
+    profile_times: bool | None = None
+    plan_dir: Path | None = None
+    own_forward: Callable[..., Any] | None = None
+    stats: AttachmentStats = field(default_factory=AttachmentStats)
+    _runners: OrderedDict[CallKey, Runner] = field(default_factory=OrderedDict, repr=False)
+    _families: dict[tuple[object, ...], list[tuple[int, Schedule]]] = field(
+        default_factory=dict, repr=False
+    )
+    _capturing: bool = field(default=False, repr=False)
+
+    # -- the call -------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._capturing or not self.model.training or not torch.is_grad_enabled():
+            return self.call_own_forward(*args, **kwargs)
+        kwargs = self.training_kwargs(kwargs)
+        runner = self.runner_for(args, kwargs)
+        return runner.module(*args, **kwargs)
+
+    def call_own_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's own forward, as it was before the plan was attached."""
+        if self.own_forward is not None:
+            return self.own_forward(*args, **kwargs)
+        return type(self.model).forward(self.model, *args, **kwargs)
+
+    def own_forward_bound(self) -> Callable[..., Any]:
+        """The model's own forward as a bound callable (for its signature)."""
+        if self.own_forward is not None:
+            return self.own_forward
+        return type(self.model).forward.__get__(self.model)
+
+    def training_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keyword inputs of a training call: ``use_cache=False`` added where the model
+        takes it and the call does not say (a training step never reads the key/value
+        cache, and Hugging Face models turn it off under their own checkpointing too)."""
+        if "use_cache" in kwargs or not self._takes_use_cache():
+            return kwargs
+        return {**kwargs, "use_cache": False}
+
+    def _takes_use_cache(self) -> bool:
+        try:
+            parameters = inspect.signature(self.own_forward_bound()).parameters
+        except (TypeError, ValueError):
+            return False
+        return "use_cache" in parameters
+
+    def runner_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
+        """The runner of this call's key, captured and planned on first sight."""
+        key = call_key(self.model, args, kwargs)
+        runner = self._runners.get(key)
+        if runner is not None:
+            self._runners.move_to_end(key)
+            return runner
+        runner = self._prepare(key, args, kwargs)
+        self._runners[key] = runner
+        while len(self._runners) > MAX_RUNNERS:
+            self._runners.popitem(last=False)
+        return runner
+
+    @property
+    def runners(self) -> list[Runner]:
+        """The runners kept, least recently used first."""
+        return list(self._runners.values())
+
+    # -- capture and plan -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _own_forward_while_capturing(self) -> Iterator[None]:
+        """The model as it was before the plan was attached (torch.export reads its
+        forward's code), for the span of a capture."""
+        attrs = self.model.__dict__
+        attached = attrs.pop("forward", None)
+        if self.own_forward is not None:
+            attrs["forward"] = self.own_forward
+        self._capturing = True
+        try:
+            yield
+        finally:
+            self._capturing = False
+            attrs.pop("forward", None)
+            if attached is not None:
+                attrs["forward"] = attached
+
+    def _prepare(self, key: CallKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
+        start = time.perf_counter()
+        name = type(self.model).__name__
+        log.info("chkpt_opt: capturing %s for a new input signature: %s", name, key.describe())
+        profile = self._profiles_times(args, kwargs)
+        with self._own_forward_while_capturing():
+            traced = trace_model(
+                self.model, args, kwargs, method=self.tracer, profile_times=profile
+            )
+        graph = traced.graph
+        _, static, act = activation_budget(graph, self.budget, optimizer=self.optimizer)
+        elements = key.input_elements
+        schedule, source = self._reusable(key, graph, act), "reused"
+        if schedule is None:
+            schedule, source = self._stored(graph), "stored"
+        if schedule is None:
+            schedule, source = self._solved(traced, profile), "solved"
+        if source != "reused":
+            self._families.setdefault(key.family, []).append((elements, schedule))
+        module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
+        peak = static.step_peak_bytes(simulate(graph, schedule).peak_bytes)
+        self._count(source, time.perf_counter() - start, peak)
+        log.info(
+            "chkpt_opt: %s schedule for %s: %d recompute regions, predicted step peak %s "
+            "(budget %s); %.1f s",
+            source,
+            key.describe(),
+            len(schedule.regions),
+            format_bytes(peak),
+            format_bytes(self.budget.total_bytes),
+            time.perf_counter() - start,
+        )
+        return Runner(key, module, schedule, peak, source)
+
+    def _profiles_times(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        if self.profile_times is not None:
+            return self.profile_times
+        from chkpt_opt.measure import device_of
+
+        return device_of(self.model, (args, kwargs)).type == "cuda"
+
+    def _reusable(self, key: CallKey, graph: CostGraph, budget_bytes: int) -> Schedule | None:
+        """A schedule made for a call of this family at least as large that fits here."""
+        elements = key.input_elements
+        made = sorted(self._families.get(key.family, []), key=lambda item: item[0])
+        for size, schedule in made:
+            if size < elements:
+                continue
+            try:
+                peak = simulate(graph, schedule).peak_bytes
+            except ScheduleError:  # the program differs at this shape
+                continue
+            if peak <= budget_bytes:
+                return schedule
+        return None
+
+    def _settings(self) -> tuple[object, ...]:
+        optimizer = self.optimizer
+        if optimizer is not None and not isinstance(optimizer, str):
+            optimizer = type(optimizer).__name__
+        return (self.budget.total_bytes, optimizer, self.solver, self.profile_times)
+
+    def _stored(self, graph: CostGraph) -> Schedule | None:
+        if self.plan_dir is None:
+            return None
+        return load_stored(plan_path(self.plan_dir, graph, self._settings()), graph)
+
+    def _solved(self, traced: Traced, profile: bool) -> Schedule:
+        from chkpt_opt.api import plan_traced
+
+        start = time.perf_counter()
+        log.info(
+            "chkpt_opt: solving for %s (%d ops) under %s, solver %s",
+            type(self.model).__name__,
+            traced.graph.number_of_nodes(),
+            format_bytes(self.budget.total_bytes),
+            self.solver,
+        )
+        made = plan_traced(
+            traced,
+            budget=self.budget,
+            solver=self.solver,
+            optimizer=self.optimizer,
+            time_limit_s=self.time_limit_s,
+            profile_times=profile,
+        )
+        self.stats.solve_s += time.perf_counter() - start
+        log.info("chkpt_opt plan for %s:\n%s", type(self.model).__name__, made.summary())
+        if self.plan_dir is not None:
+            self.plan_dir.mkdir(parents=True, exist_ok=True)
+            made.save(plan_path(self.plan_dir, traced.graph, self._settings()))
+        return made.schedule
+
+    def _count(self, source: str, seconds: float, peak_bytes: int) -> None:
+        stats = self.stats
+        stats.captures += 1
+        stats.solves += source == "solved"
+        stats.reuses += source == "reused"
+        stats.stored += source == "stored"
+        stats.prepare_s += seconds
+        stats.largest_predicted_peak_bytes = max(stats.largest_predicted_peak_bytes, peak_bytes)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Copies and pickles keep the settings and the schedules, not the rewritten
+        # modules (they are captured again on the first call).
+        state = dict(self.__dict__)
+        state["_runners"] = OrderedDict()
+        return state
+
+
+class AttachedForward:
+    """What ``model.forward`` is while a plan is attached: calls the attachment.
+
+    Its ``__wrapped__`` is the model's own forward, so ``inspect.signature(model.forward)``
+    reads the model's own signature (``Trainer`` keeps the dataset columns it names, and
+    passes ``num_items_in_batch`` where it sees ``**kwargs``).
+    """
+
+    def __init__(self, attachment: Attachment) -> None:
+        self.attachment = attachment
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        return self.attachment.own_forward_bound()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.attachment(*args, **kwargs)
