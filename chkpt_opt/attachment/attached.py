@@ -55,6 +55,8 @@ class Runner:
         module: the rewritten module (shares the model's parameters and buffers).
         schedule: the schedule it runs.
         predicted_peak_bytes: the predicted peak of the whole step at this key's shapes.
+        resident_bytes: the part of it that lives through the whole step (parameters,
+            buffers, inputs, optimizer state).
         source: ``"solved"``, ``"reused"`` (a family member's schedule) or ``"stored"``.
     """
 
@@ -62,6 +64,7 @@ class Runner:
     module: torch.nn.Module
     schedule: Schedule
     predicted_peak_bytes: int
+    resident_bytes: int
     source: str
 
 
@@ -211,7 +214,7 @@ class Attachment:
             format_bytes(self.budget.total_bytes),
             time.perf_counter() - start,
         )
-        return Runner(key, module, schedule, peak, source)
+        return Runner(key, module, schedule, peak, static.resident_bytes, source)
 
     def _profiles_times(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         if self.profile_times is not None:
