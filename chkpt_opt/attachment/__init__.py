@@ -77,7 +77,12 @@ def optimize(
             batch the loop feeds: smaller ones reuse that schedule.
         budget: peak memory of the whole training step (``"20GB"``, ``"20GiB"``, bytes,
             ``"80%"`` of the CUDA device), as in :func:`chkpt_opt.plan`.
-        solver, optimizer, tracer, profile_times: as in :func:`chkpt_opt.plan`.
+        solver, optimizer, tracer: as in :func:`chkpt_opt.plan`.
+        profile_times: whether a solve weighs recomputation by op times measured on the
+            model's device (a few forward passes, at each solve) rather than estimated.
+            None (the default): measured wherever the model's tensors are real, the CPU
+            included, so plans are fast where they run (the schedule may then differ from
+            run to run by the timing noise); False: the roofline estimate, deterministic.
         time_limit_s: time limit of each solve (the first batch, and any larger or new
             signature), tracing included.
         plan_dir: a folder where plans are kept across restarts (keyed by the graph's

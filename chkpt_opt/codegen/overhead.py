@@ -56,7 +56,10 @@ def measure_region_overhead_s(device: torch.device | str = "cpu") -> float:
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model = _Chain().to(device).train()
-    args = (torch.randn(4, 16, device=device),)
+    # A generator of its own: measuring must not move the caller's random stream (the
+    # drop-in path measures inside a training step, whose dropout must draw as before).
+    gen = torch.Generator(device).manual_seed(0)
+    args = (torch.randn(4, 16, device=device, generator=gen),)
     traced = trace_model(model, args, name="region-overhead")
     graph = traced.graph
     times = measure_forward_times(traced.captured.module, traced.captured.flat_inputs)

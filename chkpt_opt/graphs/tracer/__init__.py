@@ -23,7 +23,7 @@ from chkpt_opt.graphs.tracer.device_workspace import Ruler, unseen_workspaces
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Traced", "trace", "trace_model"]
+__all__ = ["Traced", "apply_measured_times", "trace", "trace_model"]
 
 
 @dataclass
@@ -87,7 +87,7 @@ def trace_model(
     graph = build_cost_graph(captured, name=name or type(model).__name__, progress=progress)
     _warn_opaque_spans(graph)
     if profile_times:
-        _apply_measured_times(graph, captured)
+        apply_measured_times(graph, captured)
     if graph.graph.get("device_type") == "cuda":
         add_unseen_workspaces(graph, captured)
     check_graph(graph)
@@ -151,7 +151,9 @@ def trace(
     return trace_model(model, example_inputs, example_kwargs, name=name, method=method).graph
 
 
-def _apply_measured_times(graph: CostGraph, captured: Captured) -> None:
+def apply_measured_times(graph: CostGraph, captured: Captured) -> None:
+    """Replaces the roofline times of ``graph`` by op times measured on the captured
+    module's device (what ``trace_model(..., profile_times=True)`` does after the trace)."""
     from chkpt_opt.graphs.tracer.timing import measure_forward_times
 
     if graph.graph.get("device_type") == "meta":
