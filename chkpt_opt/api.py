@@ -220,6 +220,8 @@ def _beyond_keep_set_note(result: SolveResult) -> str:
     keep = result.stats.get("keep_set")
     if not isinstance(keep, dict) or not keep.get("objective_s") or not result.feasible:
         return ""
+    if keep.get("status") not in ("optimal", "feasible"):  # no keep-set schedule fit
+        return "; beyond keep-set (nested regions or cached ops): no keep-set schedule fits"
     saving = 1.0 - result.objective / keep["objective_s"]
     proven = "proven optimal " if keep.get("status") == "optimal" else ""
     return (
