@@ -4,8 +4,11 @@ Exit codes (stable, for scripts):
     0  success
     1  unexpected internal error
     2  bad usage or bad input (unreadable budget, malformed or mismatched file)
-    3  the budget cannot be met (no schedule fits)
-    4  the model cannot be traced or loaded
+    3  the budget cannot be met: no schedule fits (solve, optimize, max-batch), or the
+       per-layer lowering of ``export --target huggingface/torchtitan/megatron`` does not
+       (the exact schedule may still fit through chkpt_opt's own apply)
+    4  the model cannot be loaded or traced: its spec cannot be imported, its function
+       raises or returns something else, or tracing fails
 
 Layout: :mod:`~chkpt_opt.cli.parser` (the argument grammar), :mod:`~chkpt_opt.cli.entry`
 (``main`` and the mapping of errors to exit codes), :mod:`~chkpt_opt.cli.output` (exit

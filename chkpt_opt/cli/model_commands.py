@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from chkpt_opt.budget import format_bytes
-from chkpt_opt.cli.model_spec import builder, load_model_spec, normalize_built
+from chkpt_opt.cli.model_spec import builder, call_builder, load_model_spec, normalize_built
 from chkpt_opt.cli.output import (
     EXIT_INFEASIBLE,
     EXIT_INPUT,
@@ -57,6 +57,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             plan.graph,
             plan.schedule,
             budget_bytes=plan.budget.total_bytes,
+            activation_budget_bytes=plan.activation_budget_bytes,
             predicted_peak_bytes=plan.predicted_peak_bytes,
             solver=plan.result.solver,
             status=plan.result.status.value,
@@ -182,8 +183,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_max_batch(args: argparse.Namespace) -> int:
-    import functools
-
     from chkpt_opt.bench.max_batch import max_batch_size
 
     if ":" not in args.model:
@@ -192,7 +191,7 @@ def cmd_max_batch(args: argparse.Namespace) -> int:
     make = builder(module_name, func_name)
 
     def build(batch: int) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-        return normalize_built(args.model, functools.partial(make, batch=batch)())
+        return normalize_built(args.model, call_builder(args.model, make, batch=batch))
 
     result = max_batch_size(
         build,

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from chkpt_opt.errors import TraceError
+
+logger = logging.getLogger(__name__)
 
 
 def builder(module_name: str, func_name: str) -> Callable[..., Any]:
@@ -52,11 +55,35 @@ def normalize_built(spec: str, built: Any) -> tuple[Any, tuple[Any, ...], dict[s
     return model, tuple(args) if isinstance(args, (tuple, list)) else (args,), dict(kwargs or {})
 
 
+def call_builder(spec: str, make: Callable[..., Any], **kwargs: Any) -> Any:
+    """``make(**kwargs)``, the model function of ``spec``, with what it raises as a TraceError.
+
+    The error is one line (the spec, the exception's type and the first line of its message,
+    what to check); the traceback is logged, so ``chkpt-opt -v`` shows it.
+
+    Raises:
+        TraceError: when the function raises.
+    """
+    try:
+        return make(**kwargs)
+    except Exception as err:
+        logger.info("model spec %s raised:", spec, exc_info=True)
+        lines = str(err).strip().splitlines()
+        message = f": {lines[0]}" if lines else ""
+        call = f"{spec.rpartition(':')[2]}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+        raise TraceError(
+            f"model spec {spec!r} failed: {call} raised {type(err).__name__}{message}; check "
+            f"that {call} runs on its own and returns (model, example_args[, example_kwargs]) "
+            "(run with -v for the traceback)."
+        ) from err
+
+
 def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """Imports ``package.module:function`` (or ``file.py:function``) and calls it.
 
     Raises:
-        TraceError: when the spec is malformed, cannot be imported, or returns something else.
+        TraceError: when the spec is malformed, cannot be imported, its function raises, or
+            it returns something else.
     """
     if ":" not in spec:
         raise TraceError(
@@ -64,4 +91,4 @@ def load_model_spec(spec: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
             "e.g. chkpt_opt.zoo:gpt."
         )
     module_name, _, func_name = spec.rpartition(":")
-    return normalize_built(spec, builder(module_name, func_name)())
+    return normalize_built(spec, call_builder(spec, builder(module_name, func_name)))

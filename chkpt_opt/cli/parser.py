@@ -40,7 +40,9 @@ EXAMPLES = """examples:
 A model is given as package.module:function (or path/to/file.py:function); the function
 takes no arguments and returns (model, example_args) or (model, example_args, example_kwargs).
 
-exit codes: 0 ok, 1 internal error, 2 bad input, 3 budget cannot be met, 4 model cannot be traced
+exit codes: 0 ok, 1 internal error, 2 bad input, 3 budget cannot be met (by any schedule, or
+by an export target's per-layer lowering), 4 model cannot be loaded (its function raises,
+returns something else) or traced
 """
 
 

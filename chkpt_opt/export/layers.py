@@ -91,6 +91,8 @@ class Lowering:
         exact_overhead: extra compute of the exact schedule (fraction of the step).
         lowered_overhead: extra compute of the lowered schedule.
         notes: what the target cannot express.
+        budget_bytes: the forward/backward (activation) budget the lowering was asked to
+            fit, or None when none was given.
     """
 
     target: str
@@ -102,6 +104,24 @@ class Lowering:
     exact_overhead: float
     lowered_overhead: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    budget_bytes: int | None = None
+
+    @property
+    def over_budget_bytes(self) -> int:
+        """How far the lowered peak exceeds the budget (0 when it fits or none was given)."""
+        if self.budget_bytes is None:
+            return 0
+        return max(self.lowered_peak_bytes - self.budget_bytes, 0)
+
+    @property
+    def meets_budget(self) -> bool:
+        """Whether the lowered schedule fits the budget (True when none was given).
+
+        Per-layer settings cannot express every schedule: a schedule that fits its budget
+        may lower to one that does not even with every layer checkpointed. The exact
+        schedule still runs through :meth:`chkpt_opt.api.Plan.apply`.
+        """
+        return self.over_budget_bytes == 0
 
     @property
     def exact(self) -> bool:
@@ -177,7 +197,9 @@ def lower_to_layers(
         graph: the cost graph.
         schedule: the exact schedule.
         target: ``"huggingface"``, ``"torchtitan"`` or ``"megatron"``.
-        budget_bytes: if given, layers are added until the lowered peak fits it.
+        budget_bytes: if given, layers are added until the lowered peak fits it; when even
+            every layer checkpointed does not fit, the result says so
+            (:attr:`Lowering.meets_budget` is False) and the caller decides.
 
     Example:
         >>> lowering = lower_to_layers(graph, plan.schedule, target="huggingface")  # doctest: +SKIP
@@ -271,6 +293,7 @@ def lower_to_layers(
         exact_overhead=exact_profile.overhead,
         lowered_overhead=lowered_profile.overhead,
         notes=tuple(notes),
+        budget_bytes=budget_bytes,
     )
 
 
