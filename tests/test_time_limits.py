@@ -7,19 +7,28 @@ import time
 from pathlib import Path
 
 import pytest
+from ortools.sat.python import cp_model
 
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph
+from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers import SolveStatus, get_solver, smallest_peak
 from chkpt_opt.solvers.deadline import GRACE_S, Deadline, DeadlineExceeded, run_within
+from chkpt_opt.solvers.dp_nested import chain_of
 from chkpt_opt.solvers.engines import milp_engine
+from chkpt_opt.solvers.engines.cpsat_engine import run_cp, solve_cp
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_program import build_program
+from chkpt_opt.solvers.lowest_peak import lowest_peak
+from chkpt_opt.solvers.prepare import Prepared, prepare
+from chkpt_opt.solvers.unit_options import with_options
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
 LIMIT_S = 6.0
 SLACK_S = 5.0
+ENGINE_LIMIT_S = 3.0
 
 
 @pytest.mark.parametrize("solver", ["auto", "pruned", "hierarchical", "milp", "cpsat"])
@@ -69,3 +78,107 @@ def test_a_milp_solve_that_overruns_the_deadline_is_left_with_an_honest_status(
     assert outcome.chosen is None and not outcome.proven_optimal
     assert outcome.stats["milp_left_at_deadline"] is True
     assert outcome.stats["milp_status"] == "NOT_SOLVED"
+
+
+def test_a_cp_sat_solve_that_overruns_the_deadline_is_stopped_and_left() -> None:
+    class SlowSolver:  # a presolve step that checks no limit, releasing the GIL
+        stopped = False
+
+        def solve(self, model: object) -> int:
+            time.sleep(3.0)
+            raise AssertionError("the solve was waited for past its deadline")
+
+        def stop_search(self) -> None:
+            self.stopped = True
+
+    solver = SlowSolver()
+    model = cp_model.CpModel()
+    start = time.perf_counter()
+    deadline = Deadline.after(0.3)
+    status = run_cp(solver, model, deadline=deadline, what="a slow solve")  # type: ignore[arg-type]
+    assert time.perf_counter() - start < 0.3 + GRACE_S + 0.5
+    assert status is None and solver.stopped
+
+
+@pytest.fixture(scope="module")
+def llama() -> tuple[CostGraph, Prepared]:
+    """The issue's graph: a 4-layer Hugging Face Llama (270 ops), and its interval program
+    over every cut (36,585 intervals, about 20 million terms; no cost cap prunes it where
+    no schedule fits, as at the budget of 0 bytes that ``smallest_peak`` asks for)."""
+    pytest.importorskip("transformers")
+    from chkpt_opt.graphs.tracer import trace_model
+    from chkpt_opt.zoo.huggingface import llama
+
+    model, args, kwargs = llama(layers=4)
+    graph = trace_model(model, args, kwargs).graph
+    assert graph.number_of_nodes() >= 250
+    return graph, prepare(graph, max_positions=None)
+
+
+# At 10 s the stages that overran are cut before they start (the model's build by its
+# share); the issue's 240 s (459 s before the fix) reaches them: slow.
+@pytest.mark.parametrize("limit_s", [10.0, pytest.param(240.0, marks=pytest.mark.slow)])
+def test_smallest_peak_returns_within_its_time_limit_on_a_270_op_llama(
+    llama: tuple[CostGraph, Prepared], limit_s: float
+) -> None:
+    graph, _ = llama
+    start = time.perf_counter()
+    result = smallest_peak(graph, time_limit_s=limit_s)
+    elapsed = time.perf_counter() - start
+    assert elapsed <= limit_s + SLACK_S, elapsed
+    assert result.solve_s <= limit_s + SLACK_S, result.solve_s
+    assert result.status in (SolveStatus.INFEASIBLE, SolveStatus.TIMED_OUT)
+    assert simulate(graph, result.schedule).peak_bytes == result.peak_bytes
+    assert result.peak_bytes < simulate(graph, Schedule()).peak_bytes  # the best it had
+    if result.stats.get("min_feasible_proven"):
+        assert result.stats["min_feasible_lower_bytes"] == result.peak_bytes
+
+
+def test_the_lowest_peak_search_keeps_its_deadline_on_a_20_million_term_program(
+    llama: tuple[CostGraph, Prepared],
+) -> None:
+    # Where the issue's 240 s solve went (459 s): the lowest-peak search built its CP-SAT
+    # model (27 s) without looking at the deadline, and CP-SAT's presolve then ran minutes
+    # past its own limit.
+    graph, prepared = llama
+    start = time.perf_counter()
+    _, profile, lower_bytes, proven = lowest_peak(
+        graph, prepared, deadline=Deadline.after(ENGINE_LIMIT_S)
+    )
+    assert time.perf_counter() - start <= ENGINE_LIMIT_S + GRACE_S + 1.0
+    assert not proven and lower_bytes <= profile.peak_bytes
+
+
+def test_a_cp_sat_solve_keeps_its_deadline_on_a_20_million_term_program(
+    llama: tuple[CostGraph, Prepared],
+) -> None:
+    graph, prepared = llama
+    budget = simulate(graph, Schedule()).peak_bytes // 2
+    start = time.perf_counter()
+    outcome = solve_cp(prepared.program, budget, deadline=Deadline.after(ENGINE_LIMIT_S))
+    assert time.perf_counter() - start <= ENGINE_LIMIT_S + GRACE_S + 1.0
+    assert not outcome.proven_optimal and not outcome.proven_infeasible
+
+
+def test_the_block_options_keep_their_deadline_on_a_270_op_llama(
+    llama: tuple[CostGraph, Prepared],
+) -> None:
+    # dp_nested's block options: the programs of the Llama's two distinct blocks between
+    # separators took 100 s to build, past a share of 5 s.
+    graph, _ = llama
+    chain = chain_of(graph)
+    start = time.perf_counter()
+    with_options(graph, chain, deadline=Deadline.after(ENGINE_LIMIT_S))
+    assert time.perf_counter() - start <= ENGINE_LIMIT_S + 1.0
+
+
+def test_a_budget_below_the_schedule_independent_bytes_is_proven_infeasible_at_once(
+    llama: tuple[CostGraph, Prepared],
+) -> None:
+    _, prepared = llama
+    program = prepared.program
+    assert program.fixed_bytes > 0
+    start = time.perf_counter()
+    for outcome in (milp_engine.solve_milp(program, 0), solve_cp(program, 0)):
+        assert outcome.proven_infeasible and outcome.chosen is None
+    assert time.perf_counter() - start < 1.0

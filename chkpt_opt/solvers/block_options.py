@@ -7,6 +7,12 @@ A block program states the rows of :mod:`~chkpt_opt.solvers.interval_program` (t
 for the slots of one segment, in bytes, with the same variables type; its objective scaling is
 :func:`~chkpt_opt.solvers.interval_program.block_cost_scale`, defined next to the flat
 program's. It adds the peak ``P`` as a variable, which the flat program does not have.
+
+Time limits: a block program's build checks its deadline (the two distinct blocks of a
+separator chain of a 270-op Llama, whose programs ``dp_nested``'s block options build, held
+36 million terms between them and took 100 s to build, where their share of a 20 s limit
+was 5 s), and its solves run as the engine's
+(:func:`~chkpt_opt.solvers.engines.cpsat_engine.run_cp`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from chkpt_opt.solvers.blocks import Segment, evaluate
-from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
+from chkpt_opt.solvers.engines.cpsat_engine import make_solver, run_cp
 from chkpt_opt.solvers.interval_model import IntervalModel
 from chkpt_opt.solvers.interval_program import ProgramVariables, block_cost_scale
 
@@ -44,10 +51,19 @@ class Option:
 
 class BlockProgram:
     """CP-SAT model of one segment: its recompute, own peak ``P`` and kept bytes ``K`` (in a
-    model of its own, or added to a shared one)."""
+    model of its own, or added to a shared one).
+
+    Raises (when built):
+        DeadlineExceeded: once ``deadline`` has expired, while building.
+    """
 
     def __init__(
-        self, model: IntervalModel, seg: Segment, m: cp_model.CpModel | None = None
+        self,
+        model: IntervalModel,
+        seg: Segment,
+        m: cp_model.CpModel | None = None,
+        *,
+        deadline: Deadline = NO_DEADLINE,
     ) -> None:
         m = m if m is not None else cp_model.CpModel()
         last = model.end_slot - 1
@@ -89,6 +105,7 @@ class BlockProgram:
             life = model.lifetimes[lt]
             for holder in life.holders:
                 for k, end in enumerate(life.ends):
+                    deadline.check("building a block program's hold rows")
                     rhs = [x[kk] for kk, e in holder.region_ends if e >= end]
                     if holder.outside_end is not None and holder.outside_end >= end:
                         rhs.append(z[holder.node])
@@ -96,11 +113,14 @@ class BlockProgram:
                         m.add(y[lt, k] >= sum(rhs))
             lo = life.fixed_end
             for k, end in enumerate(life.ends):
+                deadline.check("building a block program's lifetimes")
                 for s in range(lo + 1, min(end, last) + 1):
                     if s in rows:
                         rows[s].append(life.size_bytes * y[lt, k])
                 lo = end
-        for k in seg.intervals:
+        for count, k in enumerate(seg.intervals):
+            if count % 16 == 0:
+                deadline.check("building a block program's replays")
             iv = model.intervals[k]
             if iv.replay_slot is None:
                 continue
@@ -108,8 +128,11 @@ class BlockProgram:
             for end, nbytes in iv.held_after_replay:
                 for s in range(iv.replay_slot + 1, min(end, last) + 1):
                     rows[s].append(nbytes * x[k])
-        for s, row in rows.items():
+        for count, (s, row) in enumerate(rows.items()):
+            if count % 16 == 0:
+                deadline.check("building a block program's memory rows")
             m.add(model.base_bytes[s] + sum(row) <= peak)
+        self.terms = sum(map(len, rows.values()))
 
         self.model, self.seg, self.m = model, seg, m
         self.v = ProgramVariables(z, x, y)
@@ -140,12 +163,9 @@ class BlockProgram:
         if kept_cap is not None:
             m.add(self.objectives["kept"] <= kept_cap)
         m.minimize(self.objectives[minimize])
-        solver = cp_model.CpSolver()
-        solver.parameters.random_seed = seed
-        solver.parameters.num_workers = 1
-        if time_limit_s is not None:
-            solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
-        if solver.solve(m) != cp_model.OPTIMAL:
+        solver = make_solver(time_limit_s=time_limit_s, seed=seed, workers=1, terms=self.terms)
+        deadline = Deadline.after(time_limit_s)
+        if run_cp(solver, m, deadline=deadline, what="a block solve") != cp_model.OPTIMAL:
             return None
         return sorted(k for k, var in self.v.x.items() if solver.boolean_value(var))
 
@@ -163,10 +183,14 @@ class OptionPool:
         first_deadline: Deadline | None = None,
     ) -> None:
         """``first_deadline`` (``deadline`` when None) limits the first solve, the lowest
-        peak; the sweeps after it run to ``deadline``."""
+        peak; the sweeps after it run to ``deadline``.
+
+        Raises:
+            DeadlineExceeded: when ``deadline`` passes while the block program is built.
+        """
         self.model, self.seg, self.seed = model, seg, seed
         self.deadline = first_deadline if first_deadline is not None else deadline
-        self.program = BlockProgram(model, seg)
+        self.program = BlockProgram(model, seg, deadline=deadline or NO_DEADLINE)
         self.found: dict[Spans, None] = {(): None}
         self.swept: set[int] = set()
         self.solves = 0
@@ -281,10 +305,14 @@ def polish(
     segment's own rows, hinted with the chain's solution.
 
     Returns ``(chosen intervals, proven optimal for regions inside segments)``, or None when
-    it finds nothing in time.
+    it finds nothing in time (building the programs counts).
     """
+    deadline = Deadline.after(time_limit_s)
     m = cp_model.CpModel()
-    programs = [BlockProgram(model, seg, m) for seg in segments]
+    try:
+        programs = [BlockProgram(model, seg, m, deadline=deadline) for seg in segments]
+    except DeadlineExceeded:
+        return None
     kept_before = 0
     for program in programs:
         m.add(program.objectives["peak"] + kept_before <= budget_bytes)
@@ -303,11 +331,9 @@ def polish(
                 m.add_hint(var, i not in inside)
             for (lt, k), var in program.v.y.items():
                 m.add_hint(var, ends[lt] >= model.lifetimes[lt].ends[k])
-    solver = cp_model.CpSolver()
-    solver.parameters.random_seed = seed
-    solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
-    status = solver.solve(m)
+    terms = sum(program.terms for program in programs)
+    solver = make_solver(time_limit_s=deadline.remaining_s(), seed=seed, workers=1, terms=terms)
+    status = run_cp(solver, m, deadline=deadline, what="the block polish")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     chosen = [k for p in programs for k, var in p.v.x.items() if solver.boolean_value(var)]

@@ -191,7 +191,7 @@ class BlockSearch:
             stats["options"] = sum(len(o) for o in best.options)
             stats["refine_rounds"] = best.refine_rounds
         else:
-            schedule, profile = self._lowest(graph, budget_bytes, phases[0], deadline.limit_s)
+            schedule, profile = self._lowest(graph, budget_bytes, phases[0], deadline.remaining_s())
         return result_from_profile(
             schedule,
             profile,

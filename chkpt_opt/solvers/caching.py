@@ -134,7 +134,9 @@ class CachingSolver:
         deadline = Deadline.after(time_limit_s)
         current = self.warm_start
         if current is None:
-            current = greedy_sweep(graph, budget_bytes, time_limit_s=time_limit_s).schedule
+            current = greedy_sweep(
+                graph, budget_bytes, time_limit_s=deadline.remaining_s()
+            ).schedule
         check_schedule(graph, current)
         allowed = cacheable_ops(graph)
         profile = simulate(graph, current, check=False)

@@ -125,7 +125,7 @@ class EnumerateSolver:
                 f"max_schedules={self.max_schedules}; use solver 'cpsat' (or 'auto'), or raise "
                 "max_schedules."
             )
-        evaluated, complete = evaluate_all(graph, time_limit_s=time_limit_s)
+        evaluated, complete = evaluate_all(graph, time_limit_s=deadline.remaining_s())
         stats = {"schedules": count, "evaluated": len(evaluated), "complete": complete}
         best = best_for_budget(evaluated, budget_bytes)
         if evaluated:

@@ -130,7 +130,8 @@ def finish(
             time-out). When the model left out intervals by cost (``max_cost_s``), the
             solver's bound and proof hold for the whole schedule model only if ``fallback``
             fits and costs at most ``max_cost_s`` (then the optimum is in the model).
-        lowest: the lowest-peak schedule known, returned when the budget is infeasible.
+        lowest: the lowest-peak schedule found by a search, returned when the budget is
+            infeasible (``fallback``'s where that peaks lower: a search the time limit cut).
     """
     model, program = prepared.model, prepared.program
     exact = model.complete and (
@@ -179,8 +180,13 @@ def finish(
             stats=stats,
         )
     if outcome.proven_infeasible or not fallback.feasible:
-        schedule = lowest[0] if lowest is not None else fallback.schedule
-        profile = lowest[1] if lowest is not None else simulate(graph, fallback.schedule)
+        if lowest is None or (not fallback.feasible and fallback.peak_bytes < lowest[1].peak_bytes):
+            # No lowest-peak search, or one cut short by the time limit above the fallback.
+            schedule, profile = fallback.schedule, simulate(graph, fallback.schedule)
+            if lowest is not None:
+                stats.update(min_feasible_bytes=profile.peak_bytes, chosen_from=fallback.solver)
+        else:
+            schedule, profile = lowest
         result = result_from_profile(
             schedule,
             profile,

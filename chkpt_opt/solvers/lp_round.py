@@ -183,7 +183,7 @@ class LpRoundSolver:
             return trivial
         prepared = prepare(graph, max_positions=self.max_positions)
         model, program = prepared.model, prepared.program
-        fallback, _ = warm_start(graph, budget_bytes, model, time_limit_s=time_limit_s)
+        fallback, _ = warm_start(graph, budget_bytes, model, time_limit_s=deadline.remaining_s())
 
         lp = LpRelaxation.build(program, budget_bytes)
         lp.limit_time(deadline)

@@ -127,7 +127,11 @@ def _candidates(
     for u, (seg, kind) in enumerate(zip(segments, blocks.kinds)):
         if kind in pools or not chain.packer[u] or deadline.expired():
             continue
-        pools[kind] = OptionPool(model, seg, seed=seed, deadline=deadline)
+        try:
+            pools[kind] = OptionPool(model, seg, seed=seed, deadline=deadline)
+        except DeadlineExceeded as err:  # the pools built so far are read
+            _log.debug("block options cut short: %s", err)
+            break
         pools[kind].sweep_levels(peak_levels, n_kept=n_kept)
     found = []
     for u, (seg, kind) in enumerate(zip(segments, blocks.kinds)):

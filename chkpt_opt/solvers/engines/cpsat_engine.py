@@ -18,21 +18,41 @@ budgets each; e.g. a 34-op MLP: 1.2 s against 50-60 s per budget, and the cumula
 gaps open at 60 s on an 80-op DAG), because its LP relaxation is much stronger. The objective
 is the recompute time in integer units (see :mod:`~chkpt_opt.solvers.interval_program`). With
 a single worker the search is deterministic for a fixed ``seed``.
+
+Time limits: the long rows go straight into the model's proto (built as expressions, the
+20.7 million terms of a 270-op Llama over every cut took 27 s; now the whole model takes
+4 s), and the build checks its deadline as it goes. CP-SAT gets what is left of the deadline
+as its limit, but some of its presolve steps check no limit: on that model its clique
+merging (``[MaxClique]``) alone took 380-480 s under a limit of 30 s (a solve given 58 s
+returned after 415 s), so models of more than :data:`LARGE_MODEL_TERMS` terms skip it
+(``merge_at_most_one_work_limit=0``; the same model then stopped at its 40 s limit), and a
+solve still running a second past the deadline is stopped and left (:func:`run_cp`).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from ortools.sat.python import cp_model
 
-from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded, run_within
 from chkpt_opt.solvers.interval_program import IntervalProgram, ProgramVariables
 from chkpt_opt.solvers.judge import Outcome
 
 DEFAULT_FORMULATION = "linear"
 FORMULATIONS = ("linear", "cumulative")
+LARGE_MODEL_TERMS = 1_000_000
+"""Models with more terms than this skip CP-SAT's clique merging in presolve, which checks
+no time limit (see the module docstring)."""
+ROWS_PER_CHECK = 16
+"""Rows built between two checks of the deadline."""
+MIN_SECOND_SOLVE_S = 1.0
+"""The least time left for which :func:`solve_min_peak` runs its second solve."""
+
+log = logging.getLogger(__name__)
 
 CpVariables = ProgramVariables[cp_model.IntVar]
 
@@ -43,6 +63,7 @@ def build_cp_model(
     *,
     formulation: str = DEFAULT_FORMULATION,
     model: cp_model.CpModel | None = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> tuple[cp_model.CpModel, CpVariables]:
     """The constraints of ``program`` with memory capacity ``capacity`` (byte units).
 
@@ -51,6 +72,8 @@ def build_cp_model(
         capacity: the budget in byte units, or a variable (to minimize the peak).
         formulation: ``"linear"`` or ``"cumulative"`` (see the module docstring).
         model: a model to add to (a new one by default).
+        deadline: the build stops with
+            :class:`~chkpt_opt.solvers.deadline.DeadlineExceeded` once it has expired.
     """
     if formulation not in FORMULATIONS:
         raise ValueError(
@@ -76,12 +99,17 @@ def build_cp_model(
             m.add_exactly_one(into)
         else:
             m.add(sum(out) == sum(into))
-    for row in program.holds:
-        rhs = [x[k] for k in row.x_ids] + ([z[row.node]] if row.node is not None else [])
+    # Long rows go straight into the proto, by variable index (see :func:`_add_linear`).
+    xi, yi, zi = ([var.index for var in vs] for vs in (x, y, z))
+    for count, row in enumerate(program.holds):
+        if count % ROWS_PER_CHECK == 0:
+            deadline.check("building the CP-SAT model's hold rows")
+        rhs = [xi[k] for k in row.x_ids] + ([zi[row.node]] if row.node is not None else [])
         if len(rhs) == 1:
-            m.add_implication(rhs[0], y[row.y_var])
-        else:
-            m.add(y[row.y_var] >= sum(rhs))
+            m.add_implication(x[row.x_ids[0]] if row.x_ids else z[row.node], y[row.y_var])
+        else:  # y - sum(rhs) >= 0
+            rhs.append(yi[row.y_var])
+            _add_linear(m, rhs, [-1] * (len(rhs) - 1) + [1], 0, cp_model.INT_MAX)
     chains = program.chains
     if formulation == "cumulative" and not chains:
         chains = tuple(
@@ -93,13 +121,17 @@ def build_cp_model(
         m.add_implication(y[lo], y[hi])
 
     if formulation == "linear":
-        for row in program.memory_rows:
-            m.add(
-                row.const
-                + sum(c * x[k] for k, c in row.x_terms)
-                + sum(c * y[j] for j, c in row.y_terms)
-                <= capacity
-            )
+        for count, row in enumerate(program.memory_rows):
+            if count % ROWS_PER_CHECK == 0:
+                deadline.check("building the CP-SAT model's memory rows")
+            indices = [xi[k] for k, _ in row.x_terms] + [yi[j] for j, _ in row.y_terms]
+            coefficients = [c for _, c in row.x_terms] + [c for _, c in row.y_terms]
+            if isinstance(capacity, int):  # const + terms <= capacity
+                _add_linear(m, indices, coefficients, cp_model.INT_MIN, capacity - row.const)
+            else:  # const + terms - capacity <= 0
+                indices.append(capacity.index)
+                coefficients.append(-1)
+                _add_linear(m, indices, coefficients, cp_model.INT_MIN, -row.const)
     else:
         _add_cumulative(m, program, capacity, x, y)
     if not isinstance(capacity, int):
@@ -107,6 +139,28 @@ def build_cp_model(
     elif program.fixed_bytes // program.byte_unit > capacity:
         m.add_bool_or([])  # the schedule-independent bytes alone exceed the budget
     return m, ProgramVariables(z, x, y)
+
+
+def _add_linear(
+    m: cp_model.CpModel, indices: list[int], coefficients: list[int], lower: int, upper: int
+) -> None:
+    """Adds ``lower <= sum(coefficients * variables) <= upper`` (variables by index) straight
+    into the proto of ``m``: the row ``m.add`` builds from an expression (terms by ascending
+    variable, zero terms left out), without building the expression. Each variable appears
+    once in ``indices``."""
+    if indices != sorted(indices) or 0 in coefficients:
+        terms = sorted((i, c) for i, c in zip(indices, coefficients) if c)
+        indices, coefficients = [i for i, _ in terms], [c for _, c in terms]
+    linear = m.proto.constraints.add().linear
+    linear.vars.extend(indices)
+    linear.coeffs.extend(coefficients)
+    linear.domain.extend([lower, upper])
+
+
+def model_terms(program: IntervalProgram) -> int:
+    """About how many terms the CP-SAT model of ``program`` has (hold and memory rows)."""
+    holds = sum(len(row.x_ids) + 2 for row in program.holds)
+    return holds + sum(len(row.x_terms) + len(row.y_terms) + 1 for row in program.memory_rows)
 
 
 def _add_cumulative(
@@ -162,8 +216,12 @@ def _add_cumulative(
     m.add_cumulative(intervals, demands, capacity)
 
 
-def make_solver(*, time_limit_s: float | None, seed: int, workers: int) -> cp_model.CpSolver:
-    """A CP-SAT solver with deterministic settings."""
+def make_solver(
+    *, time_limit_s: float | None, seed: int, workers: int, terms: int = 0
+) -> cp_model.CpSolver:
+    """A CP-SAT solver with deterministic settings, for a model of about ``terms`` terms
+    (above :data:`LARGE_MODEL_TERMS`, presolve skips the clique merging that checks no time
+    limit)."""
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.random_seed = seed
@@ -172,7 +230,22 @@ def make_solver(*, time_limit_s: float | None, seed: int, workers: int) -> cp_mo
         params.interleave_search = True  # deterministic with several workers
     if time_limit_s is not None:
         params.max_time_in_seconds = max(0.01, time_limit_s)
+    if terms > LARGE_MODEL_TERMS:
+        params.merge_at_most_one_work_limit = 0
     return solver
+
+
+def run_cp(
+    solver: cp_model.CpSolver, model: cp_model.CpModel, *, deadline: Deadline, what: str
+) -> int | None:
+    """``solver.solve(model)``, or None (and the search told to stop, and left) when it is
+    still running a second past ``deadline``; read nothing more from ``solver`` then."""
+    try:
+        return run_within(deadline, functools.partial(solver.solve, model), what=what)
+    except DeadlineExceeded as err:
+        solver.stop_search()
+        log.info("cp-sat: %s", err)
+        return None
 
 
 def hint(m: cp_model.CpModel, program: IntervalProgram, v: CpVariables, chosen: list[int]) -> None:
@@ -208,30 +281,50 @@ def solve_min_peak(
 ) -> MinPeak | None:
     """The lowest-peak solution of ``program`` (peaks up to ``upper_bytes``), and among those
     the cheapest: two solves, the smallest peak first, then the least recompute time at that
-    peak. None when the first solve finds nothing in time.
+    peak, both within ``deadline`` (the second runs only when at least
+    :data:`MIN_SECOND_SOLVE_S` is left; else the first solution stands). None when the first
+    solve finds nothing in time.
     """
     unit = program.byte_unit
+    terms = model_terms(program)
     m = cp_model.CpModel()
     top = max(upper_bytes, program.fixed_bytes) // unit + 1
     peak = m.new_int_var(program.fixed_bytes // unit, top, "peak")
-    m, v = build_cp_model(program, peak, formulation=formulation, model=m)
+    try:
+        m, v = build_cp_model(program, peak, formulation=formulation, model=m, deadline=deadline)
+    except DeadlineExceeded as err:
+        log.info("lowest peak: %s", err)
+        return None
     m.minimize(peak)
-    solver = make_solver(time_limit_s=deadline.remaining_s(), seed=seed, workers=workers)
-    status = solver.solve(m)
+    solver = make_solver(
+        time_limit_s=deadline.remaining_s(), seed=seed, workers=workers, terms=terms
+    )
+    status = run_cp(solver, m, deadline=deadline, what="the lowest-peak CP-SAT solve")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     chosen = [k for k, var in enumerate(v.x) if solver.boolean_value(var)]
     lower = int(solver.best_objective_bound) * unit
     best_units = int(solver.value(peak))
+    proven = status == cp_model.OPTIMAL
+    left = deadline.remaining_s()
+    if left is not None and left < MIN_SECOND_SOLVE_S:
+        return MinPeak(chosen, lower, proven)
 
     # Second solve: the cheapest solution at that peak.
-    m2, v2 = build_cp_model(program, best_units, formulation=formulation)
+    try:
+        m2, v2 = build_cp_model(program, best_units, formulation=formulation, deadline=deadline)
+    except DeadlineExceeded as err:
+        log.info("lowest peak: %s", err)
+        return MinPeak(chosen, lower, proven)
     m2.minimize(sum(c * x for c, x in zip(program.cost_units, v2.x)))
     hint(m2, program, v2, chosen)
-    solver2 = make_solver(time_limit_s=deadline.remaining_s(), seed=seed, workers=workers)
-    if solver2.solve(m2) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    solver2 = make_solver(
+        time_limit_s=deadline.remaining_s(), seed=seed, workers=workers, terms=terms
+    )
+    cheapest = run_cp(solver2, m2, deadline=deadline, what="the cheapest-at-lowest-peak solve")
+    if cheapest in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         chosen = [k for k, var in enumerate(v2.x) if solver2.boolean_value(var)]
-    return MinPeak(chosen, lower, status == cp_model.OPTIMAL)
+    return MinPeak(chosen, lower, proven)
 
 
 def solve_cp(
@@ -254,27 +347,41 @@ def solve_cp(
         seed: CP-SAT's random seed.
         workers: CP-SAT search workers.
         hint_ids: interval ids of a known schedule, given as a hint.
-        deadline: CP-SAT's time limit is what is left of it.
+        deadline: the limit of the build and the solve together (CP-SAT's time limit is
+            what the build leaves).
         linearization_level: CP-SAT's ``linearization_level`` (None: its default). At 2 its
             LP relaxation proves the small pruned programs of
             :mod:`~chkpt_opt.solvers.pruned` (measured: a 637-interval program of
             gpt_reference at 0.9 of the peak proven in 0.1 s, 7.4 s at the default).
     """
-    m, v = build_cp_model(program, program.budget_units(budget_bytes), formulation=formulation)
+    stats: dict[str, Any] = {"formulation": formulation, "cost_scale": program.cost_scale}
+    budget_units = program.budget_units(budget_bytes)
+    if program.fixed_bytes // program.byte_unit > budget_units:
+        stats.update(cp_status="INFEASIBLE", infeasible_by="schedule-independent bytes")
+        return Outcome(None, False, True, None, stats)
+    try:
+        m, v = build_cp_model(program, budget_units, formulation=formulation, deadline=deadline)
+    except DeadlineExceeded as err:
+        log.info("cp-sat: %s", err)
+        stats.update(cp_status="UNKNOWN", cp_build_timed_out=True)
+        return Outcome(None, False, False, None, stats)
     m.minimize(sum(c * x for c, x in zip(program.cost_units, v.x)))
     if hint_ids is not None:
         hint(m, program, v, hint_ids)
-    solver = make_solver(time_limit_s=deadline.remaining_s(), seed=seed, workers=workers)
+    solver = make_solver(
+        time_limit_s=deadline.remaining_s(),
+        seed=seed,
+        workers=workers,
+        terms=model_terms(program),
+    )
     if linearization_level is not None:
         solver.parameters.linearization_level = linearization_level
-    status = solver.solve(m)
+    status = run_cp(solver, m, deadline=deadline, what="the CP-SAT solve")
+    if status is None:
+        stats.update(cp_status="UNKNOWN", cp_left_at_deadline=True)
+        return Outcome(None, False, False, None, stats)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    stats: dict[str, Any] = {
-        "cp_status": solver.status_name(status),
-        "formulation": formulation,
-        "cp_wall_s": solver.wall_time,
-        "cost_scale": program.cost_scale,
-    }
+    stats.update(cp_status=solver.status_name(status), cp_wall_s=solver.wall_time)
     return Outcome(
         chosen=[k for k, x in enumerate(v.x) if solver.boolean_value(x)] if found else None,
         proven_optimal=status == cp_model.OPTIMAL,
