@@ -2,7 +2,9 @@
 
 The step is the one the simulator models: call the module, then run the backward pass of
 every floating-point output that requires grad, seeded with ones (for a model that returns
-a scalar loss this is exactly ``loss.backward()``).
+a scalar loss this is exactly ``loss.backward()``), or of the ``loss`` alone where the
+output is a mapping that carries one (a Hugging Face model called with ``labels``: its
+logits get no gradient, and are held, as the outputs are, until the backward returns).
 
 Peak memory is the peak of bytes created during the step, on top of what was resident
 before it (parameters, inputs, optimizer state): on CPU every tensor storage is tracked
@@ -20,6 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from chkpt_opt.graphs.tracer.module_state import preserved_state as preserved_state
+from chkpt_opt.graphs.tracer.step_outputs import grad_outputs as step_grad_outputs
 from chkpt_opt.graphs.tracer.storage import StorageTracker
 
 
@@ -39,12 +42,10 @@ class StepMeasurement:
 
 
 def grad_outputs(out: Any) -> list[torch.Tensor]:
-    """The outputs a step differentiates: floating-point tensors that require grad."""
-    return [
-        t
-        for t in tree_flatten(out)[0]
-        if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype.is_floating_point
-    ]
+    """The outputs a step differentiates: a model's ``loss`` where its output carries one
+    (a Hugging Face ``ModelOutput``), every floating-point tensor that requires grad
+    otherwise (:mod:`chkpt_opt.graphs.tracer.step_outputs`, the rule the tracer follows)."""
+    return step_grad_outputs(out)
 
 
 def run_step(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -20,7 +20,8 @@ The rules follow what PyTorch does (they are checked against measured runs in th
 * values that the recomputation computes and that an op after its stop (or outside the
   region) reads are held by the region's code until the recomputation ends;
 * the gradient of an op's output is created by the backward of its last reader (or at the
-  start of the backward pass for a step output) and is freed once the op's own backward
+  start of the backward pass for a step output the step differentiates: the loss alone
+  where the graph's ``grad_outputs`` says so) and is freed once the op's own backward
   has run; views pass gradients on without copying; a parameter gradient lives to the end
   of the step;
 * when another reader's backward produces a gradient for a tensor that already has one,
@@ -57,6 +58,7 @@ from dataclasses import dataclass
 from chkpt_opt.graphs.costgraph import (
     CostGraph,
     edge_uses,
+    grad_outputs,
     ordered_nodes,
     owned_storages,
     storage_owners,
@@ -197,7 +199,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     acc_pos: dict[str, int] = {}
     # op -> (input, summed in place, summed into a new buffer that replaces the caller's seed)
     accumulates: dict[str, list[tuple[str, bool, bool]]] = {}
-    has_grad = {o for o in graph.graph["outputs"] if nodes[o]["has_backward"]}
+    has_grad = {o for o in grad_outputs(graph) if nodes[o]["has_backward"]}
     seeded = set(has_grad)  # outputs whose gradient is still the seed the caller holds
     for n in reversed(order):
         if not nodes[n]["has_backward"]:
@@ -375,7 +377,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     # Gradients.
     transient = [0] * end
     grads: dict[str, list[str]] = {}
-    outputs_with_grad = [o for o in graph.graph["outputs"] if nodes[o]["has_backward"]]
+    outputs_with_grad = [o for o in grad_outputs(graph) if nodes[o]["has_backward"]]
     start_pos = fwd_pos[order[-1]] + 1 if order else 0
     for out in sorted(set(outputs_with_grad), key=lambda o: nodes[o]["index"]):
         inst = f"g:{out}"

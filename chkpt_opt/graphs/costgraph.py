@@ -50,9 +50,10 @@ Graph attributes: ``format_version``, ``name``, ``param_bytes``, ``trainable_par
 ``buffer_bytes``, ``input_bytes``, ``largest_param_bytes``, ``n_trainable_tensors`` (for
 optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``, ``meta``),
 ``outputs`` (names of the nodes whose values the step returns), ``tracer``,
-``torch_version``, ``cost_model``; optionally ``region_overhead_s`` and ``workspace_model``
+``torch_version``, ``cost_model``; optionally ``region_overhead_s``, ``workspace_model``
 (``measured-cuda`` where the kernel workspace the allocator holds beyond tensors was measured
-on the device and added to the workspace attributes).
+on the device and added to the workspace attributes) and ``grad_outputs`` (the outputs whose
+gradient the step seeds, where not all: a model's loss beside its logits).
 """
 
 from __future__ import annotations
@@ -257,6 +258,13 @@ def edge_uses(graph: CostGraph, u: str, v: str) -> int:
     return int(graph.edges[u, v].get("uses", 1))
 
 
+def grad_outputs(graph: CostGraph) -> list[str]:
+    """The outputs whose gradient the step seeds (those with a backward among them):
+    ``grad_outputs`` where the tracer wrote it (a loss returned beside logits that receive
+    no gradient), every output otherwise."""
+    return list(graph.graph.get("grad_outputs", graph.graph["outputs"]))
+
+
 def region_overhead_s(graph: CostGraph) -> float:
     """Seconds one recompute region adds to a step beyond recomputing its ops (the
     checkpoint call, its saved-tensor hooks and the replay's setup): the graph attribute
@@ -310,6 +318,12 @@ def check_graph(graph: CostGraph) -> None:
     for out in graph.graph["outputs"]:
         if out not in graph:
             raise _fail(f"graph output {short(out)} is not a node of the graph.")
+    chosen = graph.graph.get("grad_outputs", [])
+    if not isinstance(chosen, list) or not set(chosen) <= set(graph.graph["outputs"]):
+        raise _fail(
+            f"graph attribute 'grad_outputs' {short(chosen)} is not a list of graph outputs; "
+            "name nodes of 'outputs' there, or remove it (every output is differentiated)."
+        )
     if not nx.is_directed_acyclic_graph(graph):
         cycle = nx.find_cycle(graph)
         raise _fail(f"a CostGraph must be acyclic; found the cycle {cycle}.")

@@ -83,6 +83,12 @@ class _Builder(OpNodes):
         graph.graph["outputs"] = sorted(
             {n.name for n in self.outputs}, key=lambda s: graph.nodes[s]["index"]
         )
+        # Written only where it differs from every output with a backward (the default):
+        # a model's loss among outputs that get no gradient (logits).
+        chosen = {n.name for n in self.differentiated}
+        differentiated = [n for n in graph.graph["outputs"] if n in chosen]
+        if differentiated != [n for n in graph.graph["outputs"] if graph.nodes[n]["has_backward"]]:
+            graph.graph["grad_outputs"] = differentiated
         self._set_cut_flags(graph)
         return graph
 

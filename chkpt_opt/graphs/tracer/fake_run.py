@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.tracer.capture import Captured
 from chkpt_opt.graphs.tracer.ops import op_name
+from chkpt_opt.graphs.tracer.step_outputs import differentiated_positions, loss_position
 
 
 def _is_call(node: torch.fx.Node) -> bool:
@@ -132,13 +133,22 @@ class FakeRun:
             n: [False] * self._leaf_count(n) for n in self.calls
         }
         self.outputs: list[torch.fx.Node] = []
-        for arg in tree_flatten((output_node.args, output_node.kwargs))[0]:
+        # The outputs the step differentiates (:mod:`.step_outputs`): a model's loss alone
+        # where its output carries one, every output that requires grad otherwise.
+        self.differentiated: list[torch.fx.Node] = []
+        flat = tree_flatten((output_node.args, output_node.kwargs))[0]
+        loss = self._loss_output(output_node, flat)
+        for arg in flat:
             if isinstance(arg, torch.fx.Node) and _is_call(arg):
                 self.outputs.append(arg)
+                if loss is not None and arg is not loss:
+                    continue
                 leaves = self._tensor_leaves(arg)
                 for j, leaf in enumerate(leaves):
                     if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
                         self.grad_leaves[arg][j] = True
+                        if arg not in self.differentiated:
+                            self.differentiated.append(arg)
         self.has_backward: dict[torch.fx.Node, bool] = {}
         for node in reversed(self.calls):
             marks = self.grad_leaves[node]
@@ -165,6 +175,23 @@ class FakeRun:
                 continue
             for param in self._params_read(node):
                 self.first_param_grad[param] = node
+
+    def _loss_output(self, output_node: torch.fx.Node, flat: list[Any]) -> torch.fx.Node | None:
+        """The output node of the loss that the step differentiates alone, if the model's
+        output carries one (see :mod:`.step_outputs`); None when every output is."""
+        spec = getattr(self.gm, "_out_spec", None)  # torch.export: the flat outputs' structure
+        if spec is None:  # torch.fx: the output node holds the returned structure itself
+            if len(output_node.args) != 1 or output_node.kwargs:
+                return None
+            spec = tree_flatten(output_node.args[0])[1]
+        if spec.num_leaves != len(flat):
+            return None
+        values = [self.env.get(a) if isinstance(a, torch.fx.Node) else a for a in flat]
+        positions = differentiated_positions(values, spec)
+        if len(positions) != 1 or positions[0] != loss_position(spec):
+            return None
+        found = flat[positions[0]]
+        return found if isinstance(found, torch.fx.Node) and _is_call(found) else None
 
     def _params_read(self, node: torch.fx.Node) -> list[str]:
         names: list[str] = []
