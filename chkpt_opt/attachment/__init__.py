@@ -28,13 +28,9 @@ from typing import Any
 
 import torch
 
-from chkpt_opt.attachment.attached import (
-    AttachedForward,
-    Attachment,
-    AttachmentStats,
-    Runner,
-)
+from chkpt_opt.attachment.attached import AttachedForward, Attachment
 from chkpt_opt.attachment.call_key import CallKey
+from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.budget import Budget, parse_budget
 from chkpt_opt.whole_step import OptimizerArg
 

@@ -1,22 +1,29 @@
 """A plan attached to a model in place: its forward, while training, runs the schedule.
 
-:class:`Attachment` holds the settings of :func:`chkpt_opt.optimize` and one rewritten
-module per :class:`~chkpt_opt.attachment.call_key.CallKey`. Outside training (``eval()``,
-``torch.no_grad()``, ``generate()``) the model's own forward runs, untouched. A call with a
-key not seen before is captured (about a second for a small model); its schedule is
+:class:`Attachment` holds the settings of :func:`chkpt_opt.optimize` and the rewritten
+modules (:class:`Runner`) that serve the calls it has seen, by
+:class:`~chkpt_opt.attachment.call_key.CallKey`. Outside training (``eval()``,
+``torch.no_grad()``, ``generate()``) the model's own forward runs, untouched. A training
+call is served by
 
-* one already made for a call of its family (same inputs, other shapes) at least as
-  large, where the simulator shows that it fits the budget at this shape (the same
-  program at smaller sizes: the usual case for a smaller last batch or shorter padding);
-* else one stored on disk for this graph and these settings (``plan_dir``);
-* else solved (logged): the first call, a larger batch than any planned, a new keyword set,
-  another precision. A budget no schedule can meet at that shape raises, rather than
-  running over it.
+* the runner of its key, or one captured with symbolic sizes whose example was at least
+  as large in every dimension (one graph for a smaller last batch or a shorter padded
+  length: no capture at all; its prediction at the largest shapes bounds the smaller
+  ones, every tensor's size growing with the sizes it is made of);
+* else a new capture: with symbolic sizes where torch.export allows and the graph
+  computes what the capture at the call's own shapes does (the model's eager program),
+  else at its own shapes. Its schedule is one already made for a call of its family at
+  least as large, where the simulator shows it fits the budget at this shape; else one
+  stored on disk for this graph and these settings (``plan_dir``); else solved (logged:
+  the first call, a larger batch than any planned, a new keyword set, another
+  precision). A budget no schedule can meet at that shape raises, rather than running
+  over it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
@@ -27,14 +34,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from chkpt_opt.attachment.call_key import CallKey, call_key
+from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs, watch
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
+from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.budget import Budget, format_bytes
 from chkpt_opt.codegen import apply_schedule
-from chkpt_opt.errors import ScheduleError
+from chkpt_opt.errors import ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, apply_measured_times, trace_model
+from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.whole_step import OptimizerArg, activation_budget
@@ -44,49 +55,6 @@ log = logging.getLogger(__name__)
 MAX_RUNNERS = 128
 """Rewritten modules kept at once (least recently used dropped first); each holds only
 code, its tensors are the model's."""
-
-
-@dataclass(frozen=True)
-class Runner:
-    """The rewritten module that serves one call key.
-
-    Attributes:
-        key: the call key.
-        module: the rewritten module (shares the model's parameters and buffers).
-        schedule: the schedule it runs.
-        predicted_peak_bytes: the predicted peak of the whole step at this key's shapes.
-        resident_bytes: the part of it that lives through the whole step (parameters,
-            buffers, inputs, optimizer state).
-        source: ``"solved"``, ``"reused"`` (a family member's schedule) or ``"stored"``.
-    """
-
-    key: CallKey
-    module: torch.nn.Module
-    schedule: Schedule
-    predicted_peak_bytes: int
-    resident_bytes: int
-    source: str
-
-
-@dataclass
-class AttachmentStats:
-    """What the attachment has done so far.
-
-    Attributes:
-        captures: calls captured (one per new key).
-        solves, reuses, stored: where those captures' schedules came from.
-        prepare_s: seconds spent on new keys: capturing, planning and rewriting.
-        solve_s: the part of ``prepare_s`` spent solving.
-        largest_predicted_peak_bytes: the largest predicted step peak of any key.
-    """
-
-    captures: int = 0
-    solves: int = 0
-    reuses: int = 0
-    stored: int = 0
-    prepare_s: float = 0.0
-    solve_s: float = 0.0
-    largest_predicted_peak_bytes: int = 0
 
 
 @dataclass
@@ -104,10 +72,15 @@ class Attachment:
     own_forward: Callable[..., Any] | None = None
     stats: AttachmentStats = field(default_factory=AttachmentStats)
     _runners: OrderedDict[CallKey, Runner] = field(default_factory=OrderedDict, repr=False)
+    # (family, made for a loop that drops the outputs) -> (input elements, schedule)
     _families: dict[tuple[object, ...], list[tuple[int, Schedule]]] = field(
         default_factory=dict, repr=False
     )
     _capturing: bool = field(default=False, repr=False)
+    _fixed_only: set[tuple[object, ...]] = field(default_factory=set, repr=False)
+    # Whether the loop holds the outputs beside the loss through the backward pass, as
+    # observed at the last backward (None before the first: plans count them held).
+    outputs_held: bool | None = field(default=None, repr=False)
 
     # -- the call -------------------------------------------------------------------------
 
@@ -116,7 +89,10 @@ class Attachment:
             return self.call_own_forward(*args, **kwargs)
         kwargs = self.training_kwargs(kwargs)
         runner = self.runner_for(args, kwargs)
-        return runner.module(*args, **kwargs)
+        out = runner.module(*args, **kwargs)
+        if runner.droppable:
+            watch(out, self._observe_outputs)
+        return out
 
     def call_own_forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's own forward, as it was before the plan was attached."""
@@ -146,13 +122,22 @@ class Attachment:
         return "use_cache" in parameters
 
     def runner_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
-        """The runner of this call's key, captured and planned on first sight."""
+        """The runner of this call's key: one seen before, one whose symbolic sizes admit
+        it (the capture of the largest shapes first), or a new capture."""
         key = call_key(self.model, args, kwargs)
+        self.stats.calls += 1
         runner = self._runners.get(key)
         if runner is not None:
             self._runners.move_to_end(key)
             return runner
-        runner = self._prepare(key, args, kwargs)
+        symbolic = [r for r in self._runners.values() if r.input_dims is not None]
+        symbolic.sort(key=lambda r: -r.key.input_elements)
+        runner = next((r for r in symbolic if r.serves(key)), None)
+        if runner is None:
+            # Outside the caller's dispatch modes (a memory tracker, a FLOP counter): they
+            # would watch, and slow, the capture and the solve rather than the step.
+            with _disable_current_modes():
+                runner = self._prepare(key, args, kwargs)
         self._runners[key] = runner
         while len(self._runners) > MAX_RUNNERS:
             self._runners.popitem(last=False)
@@ -186,18 +171,22 @@ class Attachment:
         start = time.perf_counter()
         name = type(self.model).__name__
         log.info("chkpt_opt: capturing %s for a new input signature: %s", name, key.describe())
-        with self._own_forward_while_capturing():
-            traced = trace_model(self.model, args, kwargs, method=self.tracer)
+        traced = self._capture(key, args, kwargs)
+        can_drop = droppable(traced.graph)
+        drops = can_drop and self.outputs_held is False
+        if drops:
+            traced = dataclasses.replace(traced, graph=dropping_outputs(traced.graph))
         graph = traced.graph
         _, static, act = activation_budget(graph, self.budget, optimizer=self.optimizer)
         elements = key.input_elements
-        schedule, source = self._reusable(key, graph, act), "reused"
+        made = self._families.setdefault((key.family, drops), [])
+        schedule, source = self._reusable(key, made, graph, act), "reused"
         if schedule is None:
             schedule, source = self._stored(graph), "stored"
         if schedule is None:
             schedule, source = self._solved(traced), "solved"
         if source != "reused":
-            self._families.setdefault(key.family, []).append((elements, schedule))
+            made.append((elements, schedule))
         module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
         peak = static.step_peak_bytes(simulate(graph, schedule).peak_bytes)
         self._count(source, time.perf_counter() - start, peak)
@@ -211,7 +200,47 @@ class Attachment:
             format_bytes(self.budget.total_bytes),
             time.perf_counter() - start,
         )
-        return Runner(key, module, schedule, peak, static.resident_bytes, source)
+        dims = traced.captured.input_dims
+        return Runner(
+            key,
+            module,
+            schedule,
+            peak,
+            static.resident_bytes,
+            source,
+            input_dims=dims if dims is not None and dims.symbolic else None,
+            droppable=can_drop,
+            drops_outputs=drops,
+        )
+
+    def _capture(self, key: CallKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+        """The call captured with symbolic sizes (one graph for every smaller batch and
+        shorter length) where torch.export allows and that graph computes what the capture
+        at this call's own shapes computes (the model's eager program); else at its own
+        shapes."""
+        with self._own_forward_while_capturing():
+            fixed = trace_model(self.model, args, kwargs, method=self.tracer)
+            if fixed.captured.method != "export" or key.family in self._fixed_only:
+                return fixed
+            self._fixed_only.add(key.family)  # until a symbolic capture is kept below
+            try:
+                symbolic = trace_model(self.model, args, kwargs, method="export", dynamic=True)
+            except TraceError as err:
+                log.info("chkpt_opt: no capture with symbolic sizes (%s)", err)
+                return fixed
+        dims = symbolic.captured.input_dims
+        if dims is None or not dims.symbolic:
+            return fixed
+        if program_ops(symbolic.captured.module) != program_ops(fixed.captured.module):
+            log.info(
+                "chkpt_opt: with symbolic sizes %s runs another program than at fixed "
+                "shapes (branches on sizes or values); each shape of %s is captured alone",
+                type(self.model).__name__,
+                key.describe(),
+            )
+            return fixed
+        self._fixed_only.discard(key.family)
+        return symbolic
 
     def _profiles_times(self, graph: CostGraph) -> bool:
         """Whether a solve measures op times: as asked, else wherever the model's tensors
@@ -222,13 +251,20 @@ class Attachment:
             return self.profile_times
         return graph.graph.get("device_type") != "meta"
 
-    def _reusable(self, key: CallKey, graph: CostGraph, budget_bytes: int) -> Schedule | None:
-        """A schedule made for a call of this family at least as large that fits here."""
+    def _reusable(
+        self,
+        key: CallKey,
+        made: list[tuple[int, Schedule]],
+        graph: CostGraph,
+        budget_bytes: int,
+    ) -> Schedule | None:
+        """A schedule ``made`` for a call of this family that fits here: those of the
+        nearest larger calls first, then of the nearest smaller ones (a plan made at a
+        shorter length may leave room at a longer one)."""
         elements = key.input_elements
-        made = sorted(self._families.get(key.family, []), key=lambda item: item[0])
-        for size, schedule in made:
-            if size < elements:
-                continue
+        larger = sorted((item for item in made if item[0] >= elements), key=lambda i: i[0])
+        smaller = sorted((item for item in made if item[0] < elements), key=lambda i: -i[0])
+        for _, schedule in [*larger, *smaller]:
             try:
                 peak = simulate(graph, schedule).peak_bytes
             except ScheduleError:  # the program differs at this shape
@@ -276,6 +312,37 @@ class Attachment:
             self.plan_dir.mkdir(parents=True, exist_ok=True)
             made.save(plan_path(self.plan_dir, traced.graph, self._settings()))
         return made.schedule
+
+    def _observe_outputs(self, held: bool) -> None:
+        """What the start of a backward pass showed of the outputs beside the loss."""
+        if held and self.outputs_held is not True:
+            if any(r.drops_outputs for r in self._runners.values()):
+                log.warning(
+                    "chkpt_opt: the loop held %s's outputs beside the loss through this "
+                    "backward pass, which its schedule counted as dropped (as at earlier "
+                    "steps): this step may have peaked above its prediction by their bytes. "
+                    "Schedules count them held from now on.",
+                    type(self.model).__name__,
+                )
+            self.outputs_held = True
+            self._forget(drops_outputs=True)
+        elif not held and self.outputs_held is None:
+            log.info(
+                "chkpt_opt: the loop drops %s's outputs beside the loss before the "
+                "backward pass; each input signature is planned again for that at its "
+                "next call (their bytes are free for activations)",
+                type(self.model).__name__,
+            )
+            self.outputs_held = False
+            self._forget(drops_outputs=False)
+
+    def _forget(self, *, drops_outputs: bool) -> None:
+        """Drops the runners and schedules made for one assumption on the outputs."""
+        for key in [k for k, r in self._runners.items() if r.droppable]:
+            if self._runners[key].drops_outputs == drops_outputs:
+                del self._runners[key]
+        for family in [f for f in self._families if f[1] == drops_outputs]:
+            del self._families[family]
 
     def _count(self, source: str, seconds: float, peak_bytes: int) -> None:
         stats = self.stats

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from chkpt_opt.graphs.tracer.dynamic_dims import leaf_path
+
 _CONSTANTS = (bool, int, float, str, type(None), torch.dtype, torch.device)
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -70,6 +72,11 @@ class CallKey:
         """Elements in all tensor inputs: how large a call of its family this is."""
         return sum(math.prod(leaf.shape) for leaf in self.leaves if isinstance(leaf, TensorLeaf))
 
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The tensor inputs' shapes by input path."""
+        return {leaf.path: leaf.shape for leaf in self.leaves if isinstance(leaf, TensorLeaf)}
+
     def describe(self) -> str:
         """The tensor inputs' shapes and the precision, for logs: ``input_ids[4, 256] ...``."""
         shapes = " ".join(
@@ -90,7 +97,7 @@ def call_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
     flat, _ = pytree.tree_flatten_with_path((args, ordered))
     leaves: list[TensorLeaf | ConstantLeaf] = []
     for path, value in flat:
-        where = _where(path)
+        where = leaf_path(path)
         if isinstance(value, torch.Tensor):
             leaves.append(
                 TensorLeaf(
@@ -110,16 +117,6 @@ def call_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
                 "it as tensors, or call chkpt_opt.detach(model) to train without the plan."
             )
     return CallKey(tuple(leaves), _weights(model), _autocast_state())
-
-
-def _where(path: tuple[Any, ...]) -> str:
-    """``args[0]`` / ``attention_mask`` / ``labels['x']`` from a pytree path of
-    ``(args, kwargs)``."""
-    head, *rest = path
-    if getattr(head, "idx", None) == 0:
-        return "args" + "".join(str(k) for k in rest)
-    first, *more = rest
-    return str(getattr(first, "key", first)) + "".join(str(k) for k in more)
 
 
 def _weights(model: torch.nn.Module) -> tuple[object, ...]:

@@ -12,13 +12,9 @@ import torch
 
 from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph
+from chkpt_opt.graphs.tracer.aliases import separate_aliases
 from chkpt_opt.graphs.tracer.build import ProgressFn, build_cost_graph
-from chkpt_opt.graphs.tracer.capture import (
-    Captured,
-    capture,
-    normalize_inputs,
-    separate_aliases,
-)
+from chkpt_opt.graphs.tracer.capture import Captured, capture, normalize_inputs
 from chkpt_opt.graphs.tracer.device_workspace import Ruler, unseen_workspaces
 
 log = logging.getLogger(__name__)
@@ -52,6 +48,7 @@ def trace_model(
     method: str = "auto",
     progress: ProgressFn | None = None,
     profile_times: bool = False,
+    dynamic: bool = False,
 ) -> Traced:
     """Traces ``model`` and returns its cost graph with the captured module.
 
@@ -62,7 +59,9 @@ def trace_model(
     FLOP ratio, and the graph's ``cost_model`` says ``measured-<device>``). On CUDA every
     op also runs once for real, forward and backward, to add the kernel workspace that the
     caching allocator holds beyond its tensors (:mod:`.device_workspace`; the graph's
-    ``workspace_model`` says ``measured-cuda``).
+    ``workspace_model`` says ``measured-cuda``). With ``dynamic`` the capture keeps the
+    input sizes symbolic where the model allows (``captured.input_dims`` says which); the
+    cost graph is that of the example's sizes.
     """
     if not isinstance(model, torch.nn.Module):
         raise TraceError(
@@ -83,7 +82,7 @@ def trace_model(
             type(model).__name__,
         )
     _warn_autocast_cache(model)
-    captured = capture(model, args, kwargs, method=method)
+    captured = capture(model, args, kwargs, method=method, dynamic=dynamic)
     graph = build_cost_graph(captured, name=name or type(model).__name__, progress=progress)
     _warn_opaque_spans(graph)
     if profile_times:

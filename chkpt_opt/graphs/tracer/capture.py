@@ -19,6 +19,13 @@ from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
 from chkpt_opt.errors import TraceError
+from chkpt_opt.graphs.tracer.aliases import describe_path
+from chkpt_opt.graphs.tracer.dynamic_dims import (
+    InputDims,
+    auto_dynamic_shapes,
+    exportable,
+    input_dims,
+)
 from chkpt_opt.graphs.tracer.eager_program import eager_branches, resolved_constant_branches
 
 log = logging.getLogger(__name__)
@@ -37,6 +44,8 @@ class Captured:
         fresh_module: makes another GraphModule with the same node names, sharing the
             same parameters (codegen rewrites that one).
         notes: what happened on the way (e.g. why the fallback was used).
+        input_dims: for a capture with symbolic sizes, which input dimensions stayed
+            symbolic (:mod:`.dynamic_dims`); None for one of fixed shapes.
     """
 
     module: torch.fx.GraphModule
@@ -44,6 +53,7 @@ class Captured:
     method: str
     fresh_module: Callable[[], torch.fx.GraphModule]
     notes: list[str] = field(default_factory=list)
+    input_dims: InputDims | None = None
 
 
 def normalize_inputs(
@@ -76,7 +86,7 @@ def normalize_inputs(
             continue
         if isinstance(leaf, _SCALAR_LEAVES):
             continue
-        where = _describe_path(path)
+        where = describe_path(path)
         hint = ""
         if type(leaf).__module__.startswith("numpy"):
             hint = " Convert it with torch.from_numpy(...)."
@@ -87,7 +97,7 @@ def normalize_inputs(
         )
     if not has_tensor:
         where = ", ".join(
-            f"{_describe_path(path)} is a {type(leaf).__name__}" for path, leaf in leaves[:4]
+            f"{describe_path(path)} is a {type(leaf).__name__}" for path, leaf in leaves[:4]
         )
         raise TraceError(
             f"the example inputs contain no tensor ({where or 'they are empty'}); pass at least "
@@ -96,62 +106,13 @@ def normalize_inputs(
     return args, kwargs
 
 
-def separate_aliases(
-    args: tuple[Any, ...], kwargs: dict[str, Any], model: torch.nn.Module | None = None
-) -> tuple[tuple[Any, ...], dict[str, Any], list[str]]:
-    """Copies every tensor input that shares memory with an earlier input (or with a
-    parameter or buffer of ``model``), so a capture sees distinct inputs.
-
-    torch.export merges inputs that alias each other: planned on ``labels=input_ids``, the
-    captured graph reads the tokens from ``labels`` and computes a wrong loss for any call
-    whose labels differ. Returns the new ``(args, kwargs)`` and the copied inputs' paths.
-    """
-    seen: set[tuple[str, int] | None] = set()
-    if model is not None:
-        seen.update(_storage_of(t) for t in (*model.parameters(), *model.buffers()))
-    copied: list[str] = []
-    flat, spec = pytree.tree_flatten_with_path((args, kwargs))
-    values = []
-    for path, value in flat:
-        storage = _storage_of(value) if isinstance(value, torch.Tensor) else None
-        if storage is not None:
-            if storage in seen:
-                copied.append(_describe_path(path))
-                value = value.detach().clone().requires_grad_(value.requires_grad)
-            else:
-                seen.add(storage)
-        values.append(value)
-    new_args, new_kwargs = pytree.tree_unflatten(values, spec)
-    return tuple(new_args), dict(new_kwargs), copied
-
-
-def _storage_of(tensor: torch.Tensor) -> tuple[str, int] | None:
-    """The device and address of a tensor's memory; None for one that has none (meta
-    tensors, empty storages)."""
-    if tensor.device.type == "meta":
-        return None
-    try:
-        pointer = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # fake or functional tensors own no memory
-        return None
-    return (str(tensor.device), pointer) if pointer else None
-
-
-def _describe_path(path: tuple[Any, ...]) -> str:
-    """Turns a pytree key path of ``(args, kwargs)`` into ``example_inputs[1]['x']``-style text."""
-    if not path:
-        return "an input"
-    head, *rest = path
-    base = "example_inputs" if getattr(head, "idx", None) == 0 else "example_kwargs"
-    return base + "".join(str(k) for k in rest)
-
-
 def capture(
     model: torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
     method: str = "auto",
+    dynamic: bool = False,
 ) -> Captured:
     """Captures ``model`` called on ``(args, kwargs)``.
 
@@ -160,6 +121,8 @@ def capture(
         args: positional example inputs.
         kwargs: keyword example inputs.
         method: ``"auto"`` (export, then fx), ``"export"`` or ``"fx"``.
+        dynamic: export every tensor dimension the model's code leaves free as symbolic
+            (:mod:`.dynamic_dims`); torch.export only (a failure raises, no fallback).
 
     Raises:
         TraceError: when no method works; the message names the failing construct and what
@@ -170,14 +133,16 @@ def capture(
     if method not in ("auto", "export", "fx"):
         raise TraceError(f"tracer method {method!r} is unknown; use 'auto', 'export' or 'fx'.")
     errors: list[str] = []
+    if dynamic:
+        method = "export"
     if method in ("auto", "export"):
         try:
             try:
-                return _capture_export(model, args, kwargs)
+                return _capture_export(model, args, kwargs, dynamic)
             except Exception as err:
                 if not _register_dataclass_outputs(model, args, kwargs, err):
                     raise
-                return _capture_export(model, args, kwargs)
+                return _capture_export(model, args, kwargs, dynamic)
         except TraceError:
             raise
         except Exception as err:  # torch.export raises many exception types
@@ -197,19 +162,25 @@ def capture(
 
 
 def _capture_export(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic: bool = False
 ) -> Captured:
     """Exports the program the model runs eagerly (:mod:`.eager_program`); where that
     program cannot be exported (an op whose fake kernel refuses what its eager kernel
     runs), exports the model's export branch instead and says so in the notes."""
     failures: list[str] = []
+    target, shapes = model, None
+    if dynamic:
+        target = exportable(model, args, kwargs)
+        shapes = auto_dynamic_shapes(target, args, kwargs)
     for compiling in (False, True):
         try:
             with (
                 eager_branches(compiling=compiling) as replaced,
                 resolved_constant_branches() as done,
             ):
-                exported = torch.export.export(model, args, kwargs, strict=False)
+                exported = torch.export.export(
+                    target, args, kwargs, strict=False, dynamic_shapes=shapes
+                )
         except Exception as err:
             if not replaced:  # nothing was patched: retrying would export the same program
                 raise
@@ -224,7 +195,7 @@ def _capture_export(
             )
         break
     else:
-        exported = torch.export.export(model, args, kwargs, strict=False)
+        exported = torch.export.export(target, args, kwargs, strict=False, dynamic_shapes=shapes)
         notes = [
             "captured the model's torch.export branch, which may differ from its eager "
             f"program: the eager one failed with {failures[0]}"
@@ -244,6 +215,7 @@ def _capture_export(
         method="export",
         fresh_module=exported.module,
         notes=notes,
+        input_dims=input_dims(exported, module, args, kwargs) if dynamic else None,
     )
 
 

@@ -1,0 +1,120 @@
+"""Whether the loop holds the logits through the backward pass: observed at each backward,
+planned for from the next call (chkpt_opt.attachment.held_outputs)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+import chkpt_opt
+from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs, watch
+from chkpt_opt.graphs.synthetic import chain_graph
+from chkpt_opt.graphs.tracer.storage import StorageTracker
+from chkpt_opt.simulate import simulate
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 512
+
+
+def _llama() -> Any:
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).train()
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (4, 64), generator=gen)
+    return {"input_ids": ids, "labels": torch.randint(0, VOCAB, (4, 64), generator=gen)}
+
+
+def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, hold: bool) -> int:
+    """One backward pass, the logits held through it or dropped first; the step's
+    measured peak of bytes created."""
+    model.zero_grad(set_to_none=True)
+    with StorageTracker() as tracker:
+        if hold:
+            outputs = model(**batch)
+            outputs.loss.backward()
+            del outputs
+        else:
+            model(**batch).loss.backward()
+    return tracker.peak_bytes
+
+
+def test_a_loop_that_holds_the_logits_keeps_the_first_schedule() -> None:
+    model = chkpt_opt.optimize(_llama(), budget=10**9, example_kwargs=_batch(), time_limit_s=5)
+    attachment = chkpt_opt.attachment_of(model)
+    for _ in range(2):
+        peak = _step(model, _batch(), hold=True)
+    runner = attachment.runners[-1]
+    assert attachment.outputs_held is True and not runner.drops_outputs
+    assert attachment.stats.solves == 1
+    assert runner.resident_bytes + peak <= runner.predicted_peak_bytes
+
+
+def test_logits_dropped_then_held_are_planned_for_each_in_turn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = chkpt_opt.optimize(_llama(), budget=10**9, example_kwargs=_batch(), time_limit_s=5)
+    attachment = chkpt_opt.attachment_of(model)
+    held_plan = attachment.runners[-1]
+    _step(model, _batch(), hold=False)
+    assert attachment.outputs_held is False and not attachment.runners  # planned again
+    dropped_peak = _step(model, _batch(), hold=False)
+    dropped_plan = attachment.runners[-1]
+    assert dropped_plan.drops_outputs and attachment.stats.solves == 2
+    logits_bytes = 4 * 64 * VOCAB * 4
+    assert held_plan.predicted_peak_bytes - dropped_plan.predicted_peak_bytes == logits_bytes
+    assert dropped_plan.resident_bytes + dropped_peak <= dropped_plan.predicted_peak_bytes
+    with caplog.at_level(logging.WARNING, logger="chkpt_opt"):
+        _step(model, _batch(), hold=True)  # the loop changed: this step ran over its plan
+    assert "may have peaked above its prediction" in caplog.text
+    assert attachment.outputs_held is True and not attachment.runners
+    held_peak = _step(model, _batch(), hold=True)
+    replanned = attachment.runners[-1]
+    assert not replanned.drops_outputs and attachment.stats.solves == 3
+    assert replanned.resident_bytes + held_peak <= replanned.predicted_peak_bytes
+
+
+def test_a_watch_sees_a_storage_kept_by_a_detached_copy() -> None:
+    weight = torch.ones(3, requires_grad=True)
+    seen: list[bool] = []
+    out = {"loss": (weight * 2).sum(), "logits": weight * 3}
+    kept = out["logits"].detach()  # no reference to the tensor, one to its storage
+    watch(out, seen.append)
+    loss = out.pop("loss")
+    del out
+    loss.backward()
+    assert seen == [True]
+    out = {"loss": (weight * 2).sum(), "logits": weight * 3}
+    watch(out, seen.append)
+    loss = out["loss"]
+    del out
+    loss.backward()
+    assert seen == [True, False] and kept.sum() == 9
+
+
+def test_dropping_outputs_is_refused_where_every_output_is_differentiated() -> None:
+    graph = chain_graph(4)
+    assert not droppable(graph)
+    with pytest.raises(ValueError, match="droppable"):
+        dropping_outputs(graph)
+    graph.graph["outputs"] = sorted(graph.nodes)[:2]
+    graph.graph["grad_outputs"] = graph.graph["outputs"][:1]
+    dropped = dropping_outputs(graph)
+    assert dropped.graph["outputs"] == graph.graph["outputs"][:1]
+    assert "grad_outputs" not in dropped.graph and "grad_outputs" in graph.graph
+    assert simulate(dropped, chkpt_opt.Schedule()).peak_bytes >= 0
