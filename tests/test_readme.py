@@ -1,4 +1,5 @@
-"""The README's doctest-style examples run as written (from the repository root)."""
+"""The doctest-style examples of the README and of every page under docs/ run as written
+(from the repository root)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
 
 
-def _doctest_blocks() -> list[tuple[int, str]]:
-    """``(line, text)`` of every fenced python block of the README written as a doctest."""
-    text = README.read_text()
+def _doctest_blocks(page: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of every fenced python block of ``page`` written as a doctest."""
+    text = page.read_text()
     blocks = []
     for match in re.finditer(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
         if match.group(1).lstrip().startswith(">>>"):
@@ -23,14 +26,30 @@ def _doctest_blocks() -> list[tuple[int, str]]:
     return blocks
 
 
-def test_the_readme_has_a_units_example() -> None:
-    assert any("simulate_step" in block for _, block in _doctest_blocks())
+def _all_blocks() -> list[tuple[Path, int, str]]:
+    return [(page, line, block) for page in PAGES for line, block in _doctest_blocks(page)]
 
 
-@pytest.mark.parametrize("line, block", _doctest_blocks(), ids=lambda v: str(v)[:12])
-def test_readme_doctest_runs(line: int, block: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _block_id(case: tuple[Path, int, str]) -> str:
+    page, line, _ = case
+    return f"{page.relative_to(ROOT)}:{line}"
+
+
+def test_the_docs_have_a_units_example() -> None:
+    blocks = _doctest_blocks(ROOT / "docs" / "researchers.md")
+    assert any("simulate_step" in block for _, block in blocks)
+
+
+def test_the_readme_is_about_one_screen() -> None:
+    assert len(README.read_text().splitlines()) <= 250
+
+
+@pytest.mark.parametrize("case", _all_blocks(), ids=_block_id)
+def test_doc_doctest_runs(case: tuple[Path, int, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    page, line, block = case
     monkeypatch.chdir(ROOT)
-    test = doctest.DocTestParser().get_doctest(block, {}, f"README.md:{line}", str(README), line)
+    name = f"{page.relative_to(ROOT)}:{line}"
+    test = doctest.DocTestParser().get_doctest(block, {}, name, str(page), line)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     out: list[str] = []
     runner.run(test, out=out.append)

@@ -5,7 +5,7 @@ frame that replays it in the backward pass, codegen's guards around both. On a C
 is a few hundred microseconds per region, which the per-op times do not hold: a solver
 that does not see it prefers many small regions to a few large ones that run faster (in
 ``benchmarks/hf_models.py`` at d0ba7d0, before this module, ViT at HF checkpointing's
-peak ran at 1.43x against HF's 1.31x; see the README for the run after it).
+peak ran at 1.43x against HF's 1.31x; docs/results.md has the run after it).
 
 :func:`measure_region_overhead_s` runs a small chain (one cheap op per layer) through
 codegen twice, without regions and with a region per layer, interleaved, and charges the

@@ -152,7 +152,7 @@ class AutoSolver:
             where they were cut by the limit. At 0.2 that cut fell among the keep-set
             proof times measured on BERT within 20 s and on the corpus's encoder within
             60 s, and a cut proof left the general result costlier than keep-set's; at
-            0.1 the searches lost little (``benchmarks/auto_share.py``; README, *Limits*).
+            0.1 the searches lost little (``benchmarks/auto_share.py``; docs/limits.md).
     """
 
     solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
