@@ -45,6 +45,7 @@ def test_blocks_reading_a_shared_tensor_are_found_alike(t5_graph: CostGraph) -> 
     assert kinds["hf.encoder.block.0"] != kinds["hf.encoder.block.1"]
 
 
+@pytest.mark.slow  # 18-26 s: CI keeps to 15 min
 def test_the_block_search_plans_the_encoder_decoder_within_its_limit(t5_graph: CostGraph) -> None:
     budget = int(simulate(t5_graph, Schedule()).peak_bytes * 0.6)
     start = time.perf_counter()

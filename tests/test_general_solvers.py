@@ -95,6 +95,7 @@ def _measured_against_original(model, args, plan) -> tuple[int, bool]:
     return measured, all(torch.equal(r, p.grad) for r, p in zip(reference, model.parameters()))
 
 
+@pytest.mark.slow  # 18-26 s: CI keeps to 15 min
 def test_deep_chain_plans_at_three_quarters_of_the_smallest_keep_set_budget() -> None:
     model, x, _, resident, budget = deep_chain_at_three_quarters()
     general = get_solver("auto", general=True)

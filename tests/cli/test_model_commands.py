@@ -41,6 +41,7 @@ def test_validate_compile_refuses_cuda(capsys: pytest.CaptureFixture[str]) -> No
     assert "--compile measures with the CPU allocator" in err
 
 
+@pytest.mark.slow  # 18-26 s: CI keeps to 15 min
 def test_max_batch_with_a_plan_is_larger(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(
         capsys,
