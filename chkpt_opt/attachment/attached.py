@@ -36,13 +36,14 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from chkpt_opt.attachment.buckets import grown_inputs
 from chkpt_opt.attachment.call_key import CallKey, call_key
 from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs, watch
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.budget import Budget, format_bytes
 from chkpt_opt.codegen import apply_schedule
-from chkpt_opt.errors import ScheduleError, TraceError
+from chkpt_opt.errors import InfeasibleBudgetError, ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, apply_measured_times, trace_model
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
@@ -81,6 +82,9 @@ class Attachment:
     # Whether the loop holds the outputs beside the loss through the backward pass, as
     # observed at the last backward (None before the first: plans count them held).
     outputs_held: bool | None = field(default=None, repr=False)
+    _planned_families: set[tuple[object, ...]] = field(default_factory=set, repr=False)
+    last_runner: Runner | None = field(default=None, repr=False)
+    """The runner of the latest training call."""
 
     # -- the call -------------------------------------------------------------------------
 
@@ -89,6 +93,7 @@ class Attachment:
             return self.call_own_forward(*args, **kwargs)
         kwargs = self.training_kwargs(kwargs)
         runner = self.runner_for(args, kwargs)
+        self.last_runner = runner
         out = runner.module(*args, **kwargs)
         if runner.droppable:
             watch(out, self._observe_outputs)
@@ -172,6 +177,47 @@ class Attachment:
         name = type(self.model).__name__
         log.info("chkpt_opt: capturing %s for a new input signature: %s", name, key.describe())
         traced = self._capture(key, args, kwargs)
+        grown = self._grown(key, traced, args, kwargs)
+        if grown is not None:
+            try:
+                return self._planned(*grown, start)
+            except InfeasibleBudgetError as err:
+                log.info("chkpt_opt: planning at the rounded-up sizes failed (%s)", err)
+        return self._planned(key, traced, start)
+
+    def _grown(
+        self, key: CallKey, traced: Traced, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[CallKey, Traced] | None:
+        """For a family planned before at smaller sizes that a symbolic capture serves:
+        the call's key and capture at sizes rounded up (:mod:`.buckets`), so the lengths
+        that follow need no plan of their own; None where that does not apply."""
+        dims = traced.captured.input_dims
+        if dims is None or not dims.symbolic or key.family not in self._planned_families:
+            return None
+        grown = grown_inputs(dims, args, kwargs)
+        if grown is None:
+            return None
+        with self._own_forward_while_capturing():
+            try:
+                bigger = trace_model(self.model, *grown, method="export", dynamic=True)
+            except TraceError as err:
+                log.info("chkpt_opt: no capture at rounded-up sizes (%s)", err)
+                return None
+        ops = program_ops(traced.captured.module)
+        if program_ops(bigger.captured.module) != ops or bigger.captured.input_dims is None:
+            return None
+        grown_key = call_key(self.model, *grown)
+        log.info(
+            "chkpt_opt: %s grew past its plans: planning it at %s, which serves the "
+            "calls up to that size",
+            key.describe(),
+            grown_key.describe(),
+        )
+        return grown_key, bigger
+
+    def _planned(self, key: CallKey, traced: Traced, start: float) -> Runner:
+        """The runner for ``key``'s capture: a schedule reused, stored or solved."""
+        self._planned_families.add(key.family)
         can_drop = droppable(traced.graph)
         drops = can_drop and self.outputs_held is False
         if drops:
@@ -358,6 +404,7 @@ class Attachment:
         # modules (they are captured again on the first call).
         state = dict(self.__dict__)
         state["_runners"] = OrderedDict()
+        state["last_runner"] = None
         return state
 
 

@@ -115,6 +115,27 @@ def test_a_loop_of_shapes_stays_in_budget_with_the_models_gradients() -> None:
     assert list(model.state_dict()) == keys
 
 
+def test_lengths_that_creep_upwards_are_planned_once_more_at_a_rounded_up_length() -> None:
+    model = _llama()
+    original = copy.deepcopy(model)
+    keep_all = _keep_all(original, _batch(2, 56, padded=4))
+    budget = keep_all.static.resident_bytes + int(0.7 * keep_all.profile.peak_bytes)
+    chkpt_opt.optimize(model, budget=budget, time_limit_s=3, profile_times=False)
+    attachment = chkpt_opt.attachment_of(model)
+    for length, seed in [(40, 1), (50, 2), (52, 3), (51, 4), (45, 5)]:
+        batch = _batch(2, length, padded=3, seed=seed)
+        grads, peak = _train_step(model, batch)
+        expected, _ = _train_step(original, batch)
+        assert all(torch.equal(grads[n], expected[n]) for n in expected)
+        runner = attachment.last_runner
+        assert runner is not None
+        assert runner.resident_bytes + peak <= runner.predicted_peak_bytes <= budget
+    # 40 tokens planned as they came; 50 grew past that plan and was planned at 52 (the
+    # next eighth of 32), whose capture with symbolic sizes serves 52, 51 and 45.
+    assert (attachment.stats.captures, attachment.stats.solves) == (2, 2)
+    assert runner.key.shapes["input_ids"] == (2, 52)
+
+
 def test_outside_training_the_model_runs_its_own_forward() -> None:
     model = _llama()
     original = copy.deepcopy(model).eval()
