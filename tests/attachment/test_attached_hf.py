@@ -14,6 +14,7 @@ import torch
 import chkpt_opt
 from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.tracer.storage import StorageTracker
+from tests.attachment.tiny_models import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,18 +22,7 @@ VOCAB = 512
 
 
 def _llama() -> Any:
-    """A Llama from its config as it ships (use_cache=True), random weights."""
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).train()
+    return tiny_llama(vocab=VOCAB, layers=3)
 
 
 def _batch(batch: int, seq: int, padded: int = 0, seed: int = 0) -> dict[str, torch.Tensor]:

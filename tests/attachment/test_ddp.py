@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.attachment.tiny_models import tiny_llama
+
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 256
@@ -19,17 +21,7 @@ WORLD = 2
 
 
 def _model() -> torch.nn.Module:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).train()
+    return tiny_llama(vocab=VOCAB, layers=2, intermediate=128, max_positions=128)
 
 
 def _ranks_steps(rank: int, store: str, out: str) -> None:

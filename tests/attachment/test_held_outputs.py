@@ -14,6 +14,7 @@ from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs, watch
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.graphs.tracer.storage import StorageTracker
 from chkpt_opt.simulate import simulate
+from tests.attachment.tiny_models import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,17 +22,7 @@ VOCAB = 512
 
 
 def _llama() -> Any:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).train()
+    return tiny_llama(vocab=VOCAB, layers=2, max_positions=128)
 
 
 def _batch() -> dict[str, torch.Tensor]:
