@@ -188,9 +188,10 @@ class Attachment:
     def _grown(
         self, key: CallKey, traced: Traced, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[CallKey, Traced] | None:
-        """For a family planned before at smaller sizes that a symbolic capture serves:
-        the call's key and capture at sizes rounded up (:mod:`.buckets`), so the lengths
-        that follow need no plan of their own; None where that does not apply."""
+        """For a family planned before (at smaller sizes, or for the outputs held) that
+        a symbolic capture serves: the call's key and capture at sizes rounded up
+        (:mod:`.buckets`), so the lengths that follow need no plan of their own; None
+        where that does not apply. A family planned once keeps its own sizes."""
         dims = traced.captured.input_dims
         if dims is None or not dims.symbolic or key.family not in self._planned_families:
             return None
@@ -208,8 +209,8 @@ class Attachment:
             return None
         grown_key = call_key(self.model, *grown)
         log.info(
-            "chkpt_opt: %s grew past its plans: planning it at %s, which serves the "
-            "calls up to that size",
+            "chkpt_opt: %s is planned again for its family: at %s (rounded up), which "
+            "serves the calls up to that size",
             key.describe(),
             grown_key.describe(),
         )

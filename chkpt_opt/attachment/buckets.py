@@ -3,7 +3,8 @@
 A loop that pads each batch to its longest sequence meets a new largest length now and
 then (241, then 250, 253, 255 tokens in ``benchmarks/finetune.py``'s Llama run); each was
 a full solve (about 25 s there). Where a family of calls is captured with symbolic sizes
-and grows past what was planned, its next plan is made at sizes rounded up to the next
+and needs another plan (it grew past the first, or the first counted the logits held),
+that plan is made at sizes rounded up to the next
 bucket (:func:`bucket_size`: steps of an eighth of the size's power of two, so at most
 12.5% above the call), on inputs grown to those sizes by repeating their last slice
 (:func:`grown_inputs`: token ids, masks and labels keep their kinds of values); the one
