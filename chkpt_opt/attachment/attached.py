@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from chkpt_opt.attachment.buckets import grown_inputs
 from chkpt_opt.attachment.call_key import CallKey, call_key
-from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs, watch
+from chkpt_opt.attachment.held_outputs import dropping_outputs, watch, watched_positions
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.budget import Budget, format_bytes
@@ -95,8 +95,8 @@ class Attachment:
         runner = self.runner_for(args, kwargs)
         self.last_runner = runner
         out = runner.module(*args, **kwargs)
-        if runner.droppable:
-            watch(out, self._observe_outputs)
+        if runner.watched:
+            watch(out, runner.watched, self._observe_outputs)
         return out
 
     def call_own_forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -219,7 +219,8 @@ class Attachment:
     def _planned(self, key: CallKey, traced: Traced, start: float) -> Runner:
         """The runner for ``key``'s capture: a schedule reused, stored or solved."""
         self._planned_families.add(key.family)
-        can_drop = droppable(traced.graph)
+        watched = watched_positions(traced.graph, traced.captured.module)
+        can_drop = bool(watched)
         drops = can_drop and self.outputs_held is False
         if drops:
             traced = dataclasses.replace(traced, graph=dropping_outputs(traced.graph))
@@ -258,6 +259,7 @@ class Attachment:
             input_dims=dims if dims is not None and dims.symbolic else None,
             droppable=can_drop,
             drops_outputs=drops,
+            watched=watched,
         )
 
     def _capture(self, key: CallKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:

@@ -16,8 +16,9 @@ drops them left those bytes unused.
 
 :func:`watch` looks at the start of each backward pass (a hook on the loss, which runs
 before any other backward work) whether any tensor storage of the other outputs is still
-referenced (by the loop, or by autograd: a storage weak reference sees every tensor
-sharing it, views and ``detach()`` included). :func:`dropping_outputs` gives the graph of
+referenced (a storage weak reference sees every tensor sharing it, views and
+``detach()`` included), among the outputs that autograd does not keep for the backward
+pass (those stay alive whatever the loop does). :func:`dropping_outputs` gives the graph of
 a step whose outputs other than the loss are not held: its ``outputs`` are the
 differentiated ones, so each other output's storage is freed after its last reader, as
 PyTorch frees it.
@@ -32,7 +33,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
-from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.costgraph import CostGraph, storage_refs
 from chkpt_opt.graphs.tracer.step_outputs import differentiated_positions, loss_position
 
 
@@ -57,10 +58,32 @@ def dropping_outputs(graph: CostGraph) -> CostGraph:
     return copy
 
 
-def watch(out: Any, observe: Callable[[bool], None]) -> None:
+def watched_positions(graph: CostGraph, module: torch.fx.GraphModule) -> tuple[int, ...]:
+    """The flat output positions of ``module`` (a capture whose cost graph is ``graph``)
+    that tell whether the loop holds the outputs: those the step does not differentiate
+    and autograd does not keep. An output saved for the backward pass (T5's encoder
+    states, read by every cross-attention) stays alive whatever the loop does."""
+    if not droppable(graph):
+        return ()
+    output = next(n for n in module.graph.nodes if n.op == "output")
+    flat = tree_flatten((output.args, output.kwargs))[0]
+    chosen = set(graph.graph["grad_outputs"])
+    saved = {sid for _, attrs in graph.nodes(data=True) for sid in attrs["saved"]}
+    return tuple(
+        i
+        for i, arg in enumerate(flat)
+        if isinstance(arg, torch.fx.Node)
+        and arg.name in graph
+        and arg.name not in chosen
+        and not set(storage_refs(graph, arg.name)) & saved
+    )
+
+
+def watch(out: Any, positions: tuple[int, ...], observe: Callable[[bool], None]) -> None:
     """Calls ``observe(held)`` once, at the start of the backward pass of the loss in
-    ``out`` (a model's outputs), with whether any storage of its other tensors is still
-    referenced then. Does nothing where ``out`` carries no loss beside other tensors."""
+    ``out`` (a model's outputs), with whether any storage of its tensors at the flat
+    ``positions`` (:func:`watched_positions`) is still referenced then. Does nothing where
+    ``out`` carries no loss, or no tensor there."""
     leaves, spec = tree_flatten(out)
     position = loss_position(spec)
     if position is None or differentiated_positions(leaves, spec) != [position]:
@@ -68,9 +91,9 @@ def watch(out: Any, observe: Callable[[bool], None]) -> None:
     loss = leaves[position]
     loss_storage = StorageWeakRef(loss.untyped_storage())
     others = [
-        StorageWeakRef(leaf.untyped_storage())
-        for i, leaf in enumerate(leaves)
-        if i != position and isinstance(leaf, torch.Tensor)
+        StorageWeakRef(leaves[i].untyped_storage())
+        for i in positions
+        if i < len(leaves) and i != position and isinstance(leaves[i], torch.Tensor)
     ]
     others = [ref for ref in others if ref != loss_storage]
     if not others:

@@ -30,6 +30,8 @@ class Runner:
             beside the loss, see :mod:`~chkpt_opt.attachment.held_outputs`).
         drops_outputs: whether the schedule was made for a loop that drops those before
             the backward pass (as observed); else they count as held to its end.
+        watched: the flat output positions whose storages tell whether the loop holds
+            the outputs (:func:`~chkpt_opt.attachment.held_outputs.watched_positions`).
     """
 
     key: CallKey
@@ -41,6 +43,7 @@ class Runner:
     input_dims: InputDims | None = None
     droppable: bool = False
     drops_outputs: bool = False
+    watched: tuple[int, ...] = ()
 
     def serves(self, key: CallKey) -> bool:
         """Whether this runner runs ``key``'s calls within its prediction."""

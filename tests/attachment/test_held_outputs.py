@@ -10,7 +10,11 @@ import pytest
 import torch
 
 import chkpt_opt
-from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs, watch
+from chkpt_opt.attachment.held_outputs import (
+    droppable,
+    dropping_outputs,
+    watch,
+)
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.graphs.tracer.storage import StorageTracker
 from chkpt_opt.simulate import simulate
@@ -80,18 +84,42 @@ def test_logits_dropped_then_held_are_planned_for_each_in_turn(
     assert replanned.resident_bytes + held_peak <= replanned.predicted_peak_bytes
 
 
+def test_encoder_states_that_autograd_keeps_do_not_count_as_held() -> None:
+    # T5 returns its encoder's last states, which every cross-attention saves: alive at
+    # the backward pass whatever the loop does. The logits alone tell.
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+        decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config).train()
+    gen = torch.Generator().manual_seed(0)
+    batch = {
+        "input_ids": torch.randint(1, VOCAB, (2, 24), generator=gen),
+        "labels": torch.randint(1, VOCAB, (2, 12), generator=gen),
+    }
+    chkpt_opt.optimize(model, budget=10**9, example_kwargs=batch, time_limit_s=3)
+    attachment = chkpt_opt.attachment_of(model)
+    runner = attachment.runners[-1]
+    assert runner.watched == (1,)  # loss, logits, encoder_last_hidden_state
+    graph_outputs = len(runner.module.graph.find_nodes(op="output")[0].args[0])
+    assert graph_outputs == 3
+    _step(model, batch, hold=False)
+    assert attachment.outputs_held is False
+
+
 def test_a_watch_sees_a_storage_kept_by_a_detached_copy() -> None:
     weight = torch.ones(3, requires_grad=True)
     seen: list[bool] = []
     out = {"loss": (weight * 2).sum(), "logits": weight * 3}
     kept = out["logits"].detach()  # no reference to the tensor, one to its storage
-    watch(out, seen.append)
+    watch(out, (1,), seen.append)
     loss = out.pop("loss")
     del out
     loss.backward()
     assert seen == [True]
     out = {"loss": (weight * 2).sum(), "logits": weight * 3}
-    watch(out, seen.append)
+    watch(out, (1,), seen.append)
     loss = out["loss"]
     del out
     loss.backward()
