@@ -129,7 +129,9 @@ def test_lengths_that_creep_upwards_are_planned_once_more_at_a_rounded_up_length
 def test_outside_training_the_model_runs_its_own_forward() -> None:
     model = _llama()
     original = copy.deepcopy(model).eval()
-    chkpt_opt.optimize(model, budget=10**9, example_kwargs=_batch(2, 32), time_limit_s=5)
+    chkpt_opt.optimize(
+        model, budget=10**9, example_kwargs=_batch(2, 32), time_limit_s=5, profile_times=False
+    )
     attachment = chkpt_opt.attachment_of(model)
     assert attachment.stats.captures == 1
     ids = torch.randint(0, VOCAB, (1, 9))
@@ -157,7 +159,9 @@ def test_a_plan_made_on_aliased_inputs_trains_with_distinct_labels() -> None:
     model = _llama()
     original = copy.deepcopy(model)
     ids = _batch(2, 32)["input_ids"]
-    chkpt_opt.optimize(model, budget=10**9, example_kwargs={"input_ids": ids, "labels": ids})
+    chkpt_opt.optimize(
+        model, budget=10**9, example_kwargs={"input_ids": ids, "labels": ids}, profile_times=False
+    )
     distinct = {"input_ids": ids, "labels": _batch(2, 32, seed=7)["labels"]}
     distinct["labels"][:, :5] = -100
     grads, _ = _train_step(model, distinct)
@@ -180,7 +184,7 @@ def test_a_plan_made_on_aliased_inputs_trains_with_distinct_labels() -> None:
 def test_bf16_autocast_and_bf16_weights_get_captures_of_their_own() -> None:
     model = _llama()
     original = copy.deepcopy(model)
-    chkpt_opt.optimize(model, budget=10**9, time_limit_s=5)
+    chkpt_opt.optimize(model, budget=10**9, time_limit_s=5, profile_times=False)
     batch = _batch(2, 32)
     _train_step(model, batch)
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
@@ -197,10 +201,14 @@ def test_bf16_autocast_and_bf16_weights_get_captures_of_their_own() -> None:
 
 def test_plans_survive_restarts_in_plan_dir(tmp_path: Any) -> None:
     batch = _batch(2, 32)
-    first = chkpt_opt.optimize(_llama(), budget=10**9, plan_dir=tmp_path, time_limit_s=5)
+    first = chkpt_opt.optimize(
+        _llama(), budget=10**9, plan_dir=tmp_path, time_limit_s=5, profile_times=False
+    )
     _train_step(first, batch)
     assert chkpt_opt.attachment_of(first).stats.solves == 1 and list(tmp_path.iterdir())
-    resumed = chkpt_opt.optimize(_llama(), budget=10**9, plan_dir=tmp_path, time_limit_s=5)
+    resumed = chkpt_opt.optimize(
+        _llama(), budget=10**9, plan_dir=tmp_path, time_limit_s=5, profile_times=False
+    )
     _train_step(resumed, batch)
     stats = chkpt_opt.attachment_of(resumed).stats
     assert (stats.solves, stats.stored) == (0, 1)
@@ -210,7 +218,7 @@ def test_a_batch_no_schedule_fits_raises_with_the_smallest_budget() -> None:
     model, batch = _llama(), _batch(2, 32)
     keep_all = _keep_all(model, batch, optimizer=None)
     budget = keep_all.static.resident_bytes + keep_all.profile.peak_bytes // 20
-    chkpt_opt.optimize(model, budget=budget, optimizer=None, time_limit_s=5)
+    chkpt_opt.optimize(model, budget=budget, optimizer=None, time_limit_s=5, profile_times=False)
     with pytest.raises(InfeasibleBudgetError, match="Raise the budget to at least") as raised:
         _train_step(model, batch)
     assert raised.value.min_feasible_bytes > budget

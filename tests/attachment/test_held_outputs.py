@@ -50,7 +50,9 @@ def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, hold: bool)
 
 
 def test_a_loop_that_holds_the_logits_keeps_the_first_schedule() -> None:
-    model = chkpt_opt.optimize(_llama(), budget=10**9, example_kwargs=_batch(), time_limit_s=5)
+    model = chkpt_opt.optimize(
+        _llama(), budget=10**9, example_kwargs=_batch(), time_limit_s=5, profile_times=False
+    )
     attachment = chkpt_opt.attachment_of(model)
     for _ in range(2):
         peak = _step(model, _batch(), hold=True)
@@ -63,7 +65,9 @@ def test_a_loop_that_holds_the_logits_keeps_the_first_schedule() -> None:
 def test_logits_dropped_then_held_are_planned_for_each_in_turn(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    model = chkpt_opt.optimize(_llama(), budget=10**9, example_kwargs=_batch(), time_limit_s=5)
+    model = chkpt_opt.optimize(
+        _llama(), budget=10**9, example_kwargs=_batch(), time_limit_s=5, profile_times=False
+    )
     attachment = chkpt_opt.attachment_of(model)
     held_plan = attachment.runners[-1]
     _step(model, _batch(), hold=False)
@@ -98,7 +102,9 @@ def test_encoder_states_that_autograd_keeps_do_not_count_as_held() -> None:
         "input_ids": torch.randint(1, VOCAB, (2, 24), generator=gen),
         "labels": torch.randint(1, VOCAB, (2, 12), generator=gen),
     }
-    chkpt_opt.optimize(model, budget=10**9, example_kwargs=batch, time_limit_s=3)
+    chkpt_opt.optimize(
+        model, budget=10**9, example_kwargs=batch, time_limit_s=3, profile_times=False
+    )
     attachment = chkpt_opt.attachment_of(model)
     runner = attachment.runners[-1]
     assert runner.watched == (1,)  # loss, logits, encoder_last_hidden_state
