@@ -30,8 +30,8 @@ from chkpt_opt.solvers.enumerate import (
 )
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_model import simulator_slot_bytes
-from chkpt_opt.solvers.reference.bounds import max_saving, min_feasible_budget
 from tests.conftest import REL, assert_valid_result, random_interval_choice
+from tests.reference.bounds import max_saving, min_feasible_budget
 
 SOLVERS_DIR = Path(__file__).resolve().parents[1] / "chkpt_opt" / "solvers"
 

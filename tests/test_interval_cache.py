@@ -17,8 +17,8 @@ from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.interval_builder import build_interval_model
 from chkpt_opt.solvers.interval_cache import CacheColumns
 from chkpt_opt.solvers.interval_model import simulator_slot_bytes
-from chkpt_opt.solvers.reference.general_enumerate import general_schedules
 from tests.conftest import REL, random_interval_choice
+from tests.reference.general_enumerate import general_schedules
 
 CORPUS = Path(__file__).resolve().parent.parent / "graphs"
 

@@ -28,7 +28,7 @@ def smallest_peak(
     schedule beyond keep-set (nested regions) comes with the floor of
     :mod:`chkpt_opt.solvers.recompute_bound` as its lower bound, which holds over every
     schedule (``min_feasible_proven`` when the peak meets it).
-    (:func:`chkpt_opt.solvers.reference.bounds.min_feasible_budget` reads the keep-set
+    (``min_feasible_budget`` of the tests' ``tests/reference/bounds.py`` reads the keep-set
     result as a typed value.)
     """
     auto = get_solver("auto", general=general, nesting=nesting)
