@@ -215,3 +215,39 @@ def test_no_lazy_name_is_also_a_submodule_name() -> None:
     package = Path(chkpt_opt.__file__).parent
     for name in chkpt_opt._LAZY:
         assert not (package / f"{name}.py").exists() and not (package / name).is_dir(), name
+
+
+def test_builtin_solvers_are_keyed_by_the_name_they_register() -> None:
+    from chkpt_opt.solvers import registry
+
+    registry.available_solvers()
+    for name, module in registry._BUILTIN.items():
+        assert registry._REGISTRY[name].__module__ == module, (name, module)
+
+
+def test_a_solver_without_ortools_is_reported_by_its_solver_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The module that registers "cached" is not named "cached": the refusal must still
+    # name OR-Tools, not call the solver unknown.
+    import importlib
+    import types
+
+    from chkpt_opt.errors import SolverError
+    from chkpt_opt.solvers import registry
+
+    registry.available_solvers()
+    blocked = registry._BUILTIN["cached"]
+
+    def import_module(name: str) -> types.ModuleType:
+        if name == blocked:
+            raise ImportError("No module named 'ortools'")
+        return importlib.import_module(name)
+
+    registry_without = {k: v for k, v in registry._REGISTRY.items() if k != "cached"}
+    monkeypatch.setattr(registry, "_REGISTRY", registry_without)
+    monkeypatch.setattr(registry, "_UNAVAILABLE", {})
+    monkeypatch.setattr(registry, "importlib", types.SimpleNamespace(import_module=import_module))
+    with pytest.raises(SolverError, match="needs OR-Tools"):
+        registry.get_solver("cached")
+    assert registry.get_solver("greedy").name == "greedy"
