@@ -43,7 +43,7 @@ from chkpt_opt.schedule import (
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.greedy_sweep import greedy_sweep
+from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.registry import register
 
 

@@ -73,9 +73,9 @@ def get_solver(name: str | Solver, **settings: Any) -> Solver:
 
 _BUILTIN: dict[str, str] = {
     # solver name -> the module that registers it
-    "keep_all": "chkpt_opt.solvers.keep_all",
-    "greedy": "chkpt_opt.solvers.greedy",
-    "sqrt": "chkpt_opt.solvers.sqrt",
+    "keep_all": "chkpt_opt.solvers.heuristics.keep_all",
+    "greedy": "chkpt_opt.solvers.heuristics.greedy",
+    "sqrt": "chkpt_opt.solvers.heuristics.sqrt",
     "enumerate": "chkpt_opt.solvers.enumerate",
     "auto": "chkpt_opt.solvers.auto",
     "cpsat": "chkpt_opt.solvers.cpsat",

@@ -15,7 +15,7 @@ from chkpt_opt.solvers.block_search import BlockSearch
 from chkpt_opt.solvers.blocks import find_blocks
 from chkpt_opt.solvers.bound_rounding import bound_rounding
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.greedy_sweep import greedy_sweep
+from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.interval_model import IntervalModel
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """``solver="greedy"``: Chen et al.'s budget-driven segmentation, thresholds swept and judged
-by the simulator (:mod:`chkpt_opt.solvers.greedy_sweep`)."""
+by the simulator (:mod:`chkpt_opt.solvers.heuristics.greedy_sweep`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
-from chkpt_opt.solvers.greedy_sweep import DEFAULT_THRESHOLDS, greedy_sweep
+from chkpt_opt.solvers.heuristics.greedy_sweep import DEFAULT_THRESHOLDS, greedy_sweep
 from chkpt_opt.solvers.registry import register
 
 
