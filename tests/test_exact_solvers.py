@@ -28,8 +28,8 @@ from chkpt_opt.solvers.enumerate import (
     evaluate_all,
     pareto_front,
 )
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_model import simulator_slot_bytes
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.model import simulator_slot_bytes
 from tests.conftest import REL, assert_valid_result, random_interval_choice
 from tests.reference.bounds import max_saving, min_feasible_budget
 

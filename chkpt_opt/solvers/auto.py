@@ -80,7 +80,7 @@ from chkpt_opt.solvers.cache_rounding import cache_rounding
 from chkpt_opt.solvers.chain_cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.enumerate import count_schedules
-from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.registry import get_solver, register
 

@@ -3,9 +3,9 @@ recompute, own peak ``P`` and kept bytes ``K``), the option sweeps over them, th
 that picks one option per segment, and the final polish over every segment at once (see
 :mod:`chkpt_opt.solvers.hierarchical`).
 
-A block program states the rows of :mod:`~chkpt_opt.solvers.interval_program` (tight holds)
+A block program states the rows of :mod:`~chkpt_opt.solvers.interval.program` (tight holds)
 for the slots of one segment, in bytes, with the same variables type; its objective scaling is
-:func:`~chkpt_opt.solvers.interval_program.block_cost_scale`, defined next to the flat
+:func:`~chkpt_opt.solvers.interval.program.block_cost_scale`, defined next to the flat
 program's. It adds the peak ``P`` as a variable, which the flat program does not have.
 
 Time limits: a block program's build checks its deadline (the two distinct blocks of a
@@ -26,8 +26,8 @@ from ortools.sat.python import cp_model
 from chkpt_opt.solvers.blocks import Segment, evaluate
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.cpsat_engine import make_solver, run_cp
-from chkpt_opt.solvers.interval_model import IntervalModel
-from chkpt_opt.solvers.interval_program import ProgramVariables, block_cost_scale
+from chkpt_opt.solvers.interval.model import IntervalModel
+from chkpt_opt.solvers.interval.program import ProgramVariables, block_cost_scale
 
 Spans = tuple[tuple[int, int], ...]
 

@@ -49,9 +49,9 @@ from chkpt_opt.solvers.blocks import (
 )
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_model import IntervalModel
-from chkpt_opt.solvers.judge import judged
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.judge import judged
+from chkpt_opt.solvers.interval.model import IntervalModel
 
 
 @dataclass

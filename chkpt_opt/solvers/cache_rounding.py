@@ -55,7 +55,7 @@ from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.blocks import find_blocks, layer_spans
 from chkpt_opt.solvers.bound_rounding import rounded_spans
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.judge import best_simulated
+from chkpt_opt.solvers.interval.judge import best_simulated
 from chkpt_opt.solvers.recompute_bound import RecomputeBound, recompute_bound
 
 REGION_THRESHOLDS = (0.5, 0.1, 0.01)

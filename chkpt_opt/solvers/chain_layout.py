@@ -15,7 +15,7 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, region_overhead_s
 from chkpt_opt.solvers.chain_cuts import check_supported, cut_set, scan_storages
 from chkpt_opt.solvers.chain_replay import NEG, Replay, Rmq
-from chkpt_opt.solvers.interval_builder import build_interval_model
+from chkpt_opt.solvers.interval.builder import build_interval_model
 
 MAX_TOTAL = 1 << 62
 """Byte totals of a graph must stay below this (the DP's sums are 64-bit integers)."""

@@ -47,7 +47,7 @@ class Rmq:
 
 class Replay:
     """The replay of ops ``a..L`` of a region, grown op by op (see ``_replay`` in
-    :mod:`chkpt_opt.solvers.interval_model`, which it reproduces incrementally): bytes alive
+    :mod:`chkpt_opt.solvers.interval.model`, which it reproduces incrementally): bytes alive
     plus transients at every replayed step, for the recomputed storages that savers up to
     ``S`` hold to the end of the replay and the others until their last reader."""
 

@@ -13,9 +13,9 @@ from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
 from chkpt_opt.solvers.flat import solve_flat
-from chkpt_opt.solvers.interval_program import IntervalProgram
-from chkpt_opt.solvers.judge import Outcome
-from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.interval.judge import Outcome
+from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.interval.program import IntervalProgram
 from chkpt_opt.solvers.pruned_search import PrunedSearch
 from chkpt_opt.solvers.registry import register
 

@@ -3,7 +3,7 @@
 Beaumont et al. ("Optimal checkpointing for heterogeneous chains", 2019) solve rotor's
 multi-level model on a chain by dynamic programming; this module does the same for the
 keep-set schedule model of :mod:`chkpt_opt.schedule`, with the memory of every slot exactly as
-:mod:`chkpt_opt.solvers.interval_model` (and so the simulator) counts it.
+:mod:`chkpt_opt.solvers.interval.model` (and so the simulator) counts it.
 
 **Chain.** The graph is cut at a set of allowed cut positions ``0 = c_0 < c_1 < ... < c_m = n``
 into segments. A storage whose life depends on the schedule (it is read or saved after its
@@ -79,8 +79,8 @@ from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.chain_layout import MAX_TOTAL
 from chkpt_opt.solvers.chain_model import OUTSIDE, REGION, ChainModel, Key
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
-from chkpt_opt.solvers.judge import check_prediction
-from chkpt_opt.solvers.prepare import keep_all_result
+from chkpt_opt.solvers.interval.judge import check_prediction
+from chkpt_opt.solvers.interval.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 
 __all__ = ["ChainModel", "DpChainSolver", "DpOutcome", "run_dp"]

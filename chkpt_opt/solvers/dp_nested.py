@@ -96,7 +96,8 @@ from chkpt_opt.schedule import Schedule, check_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
-from chkpt_opt.solvers.judge import check_prediction
+from chkpt_opt.solvers.interval.judge import check_prediction
+from chkpt_opt.solvers.interval.prepare import keep_all_result
 from chkpt_opt.solvers.nested_chain import (
     NestedChain,
     Plan,
@@ -106,7 +107,6 @@ from chkpt_opt.solvers.nested_chain import (
 )
 from chkpt_opt.solvers.nested_dp import INF_BYTES, NestedDp
 from chkpt_opt.solvers.nested_top import top_plan
-from chkpt_opt.solvers.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.separator_chain import UNITS, separator_chain
 from chkpt_opt.solvers.unit_options import with_options

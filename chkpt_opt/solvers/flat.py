@@ -16,10 +16,10 @@ from typing import Any
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.interval_program import IntervalProgram
-from chkpt_opt.solvers.judge import Outcome, finish
+from chkpt_opt.solvers.interval.judge import Outcome, finish
+from chkpt_opt.solvers.interval.prepare import candidate_positions, keep_all_result, prepare
+from chkpt_opt.solvers.interval.program import IntervalProgram
 from chkpt_opt.solvers.lowest_peak import with_lowest_peak
-from chkpt_opt.solvers.prepare import candidate_positions, keep_all_result, prepare
 from chkpt_opt.solvers.pruned_search import PrunedSearch
 from chkpt_opt.solvers.warm_start import warm_start
 
@@ -47,7 +47,7 @@ def solve_flat(
         budget_bytes: the budget.
         deadline: the solve's deadline.
         engine: the engine, settings bound.
-        max_positions: see :func:`~chkpt_opt.solvers.prepare.candidate_positions`.
+        max_positions: see :func:`~chkpt_opt.solvers.interval.prepare.candidate_positions`.
         pruned: the pruned search for graphs above ``max_positions`` (None: solve over a
             candidate subset of cuts instead); its result is marked ``pruned`` in its stats.
         warm_start_hint: give the engine the greedy schedule as a hint.

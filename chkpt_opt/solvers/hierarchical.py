@@ -11,7 +11,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.block_search import BlockSearch
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.prepare import keep_all_result
+from chkpt_opt.solvers.interval.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 
 

@@ -12,8 +12,8 @@ from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_min_peak
-from chkpt_opt.solvers.judge import Outcome, judged, record_lowest
-from chkpt_opt.solvers.prepare import Prepared
+from chkpt_opt.solvers.interval.judge import Outcome, judged, record_lowest
+from chkpt_opt.solvers.interval.prepare import Prepared
 
 
 def lowest_peak(

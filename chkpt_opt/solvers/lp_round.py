@@ -32,8 +32,8 @@ from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.lp_engine import INFEASIBLE, OPTIMAL, LpRelaxation, lp_bound_s
-from chkpt_opt.solvers.interval_model import IntervalModel
-from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS, keep_all_result, prepare
+from chkpt_opt.solvers.interval.model import IntervalModel
+from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS, keep_all_result, prepare
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.warm_start import warm_start
 

@@ -12,7 +12,7 @@ from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
 from chkpt_opt.solvers.flat import solve_flat
-from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.pruned_search import PrunedSearch
 from chkpt_opt.solvers.registry import register
 

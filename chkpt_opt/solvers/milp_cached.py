@@ -1,5 +1,5 @@
 """``solver="milp_cached"``: exact one-level schedules with cached ops, by the interval
-program over cache columns (:mod:`~chkpt_opt.solvers.interval_cache`), solved by the MILP
+program over cache columns (:mod:`~chkpt_opt.solvers.interval.cache_columns`), solved by the MILP
 engine (:mod:`~chkpt_opt.solvers.engines.milp_engine`).
 
 Each candidate region span comes once as a keep-set region and once per set of its ops it
@@ -7,21 +7,22 @@ may cache, so the program chooses the regions and, inside each, which ops'
 outputs are saved (``MUST_SAVE``) and which are recomputed, with the memory of every slot
 exactly as :func:`chkpt_opt.op_sequence.lower` counts it (the replay of a region with
 cached ops step by step); every schedule it returns is simulated and must match the model
-(:func:`~chkpt_opt.solvers.judge.judged`).
+(:func:`~chkpt_opt.solvers.interval.judge.judged`).
 
 **Claim.** ``optimal`` means optimal over one-level schedules (regions at allowed cuts, no
 nesting) whose regions each cache one of the model's sets (``cache="ranked"``: a prefix
 of the region's cacheable ops ranked by recompute time saved per byte; ``"subsets"``:
 any subset, on graphs whose regions have at most 10 such ops), within the model's domain
-(:mod:`~chkpt_opt.solvers.interval_cache`); ``stats["optimal_over"]`` says so. That space
-holds every keep-set schedule, so the optimum is never costlier than the keep-set optimum.
-Regions are restricted to the cuts of :func:`~chkpt_opt.solvers.prepare.candidate_positions`
-on graphs with more than ``max_positions`` allowed cuts (then never ``optimal``). The solver
+(:mod:`~chkpt_opt.solvers.interval.cache_columns`); ``stats["optimal_over"]`` says so.
+That space holds every keep-set schedule, so the optimum is never costlier than the
+keep-set optimum. Regions are restricted to the cuts of
+:func:`~chkpt_opt.solvers.interval.prepare.candidate_positions` on graphs with more than
+``max_positions`` allowed cuts (then never ``optimal``). The solver
 first solves for the keep-set optimum (the interval program without columns, in at most
 30% of the time limit): the warm start, the result when the columns' program finds
 nothing better in time, and the cost cap of the columns (exact: no region of a cheaper
-schedule costs more than it). Graphs over :data:`~chkpt_opt.solvers.prepare.MAX_FLAT_OPS`
-ops are refused.
+schedule costs more than it). Graphs over
+:data:`~chkpt_opt.solvers.interval.prepare.MAX_FLAT_OPS` ops are refused.
 """
 
 from __future__ import annotations
@@ -36,18 +37,18 @@ from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
 from chkpt_opt.solvers.flat import solve_flat
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_cache import CACHE_MODES
-from chkpt_opt.solvers.interval_program import build_program
-from chkpt_opt.solvers.judge import finish
-from chkpt_opt.solvers.lowest_peak import with_lowest_peak
-from chkpt_opt.solvers.prepare import (
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.cache_columns import CACHE_MODES
+from chkpt_opt.solvers.interval.judge import finish
+from chkpt_opt.solvers.interval.prepare import (
     DEFAULT_MAX_POSITIONS,
     Prepared,
     candidate_positions,
     check_flat_size,
     keep_all_result,
 )
+from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.warm_start import hint_ids
 

@@ -41,11 +41,11 @@ from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
 from chkpt_opt.solvers.engines.milp_engine import BACKENDS, DEFAULT_BACKEND, solve_milp
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_program import build_program
-from chkpt_opt.solvers.judge import Outcome, finish
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.judge import Outcome, finish
+from chkpt_opt.solvers.interval.prepare import Prepared, check_flat_size, keep_all_result
+from chkpt_opt.solvers.interval.program import build_program
 from chkpt_opt.solvers.lowest_peak import with_lowest_peak
-from chkpt_opt.solvers.prepare import Prepared, check_flat_size, keep_all_result
 from chkpt_opt.solvers.reductions import cost_cap, reduced_cost_fixing, restrict
 from chkpt_opt.solvers.warm_start import hint_ids, incumbent
 

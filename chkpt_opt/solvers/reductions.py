@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.lp_engine import INFEASIBLE, OPTIMAL, LpRelaxation, lp_bound_s
-from chkpt_opt.solvers.interval_model import Holder, IntervalModel, Lifetime
-from chkpt_opt.solvers.interval_program import IntervalProgram
+from chkpt_opt.solvers.interval.model import Holder, IntervalModel, Lifetime
+from chkpt_opt.solvers.interval.program import IntervalProgram
 
 COST_TOLERANCE = 1e-9
 """Relative allowance between the model's and the simulator's sums of the same forward times."""
@@ -45,7 +45,7 @@ def restrict(model: IntervalModel, keep: Iterable[int]) -> IntervalModel:
 
     Lifetimes lose the holds of dropped intervals; a lifetime no op or kept interval can
     extend any more is dropped (its fixed part is in the base bytes already). The result is
-    what :func:`~chkpt_opt.solvers.interval_builder.build_interval_model` would build from
+    what :func:`~chkpt_opt.solvers.interval.builder.build_interval_model` would build from
     those intervals.
     """
     kept = sorted(set(keep))

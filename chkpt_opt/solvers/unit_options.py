@@ -53,7 +53,7 @@ from chkpt_opt.schedule import Schedule
 from chkpt_opt.solvers.block_options import OptionPool
 from chkpt_opt.solvers.blocks import fold_shared_lifetimes, make_blocks, split_model
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
-from chkpt_opt.solvers.interval_builder import build_interval_model
+from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.nested_chain import NestedChain, UnitOption
 from chkpt_opt.solvers.separator_chain import (
     UNITS,

@@ -16,7 +16,7 @@ from chkpt_opt.solvers.blocks import find_blocks
 from chkpt_opt.solvers.bound_rounding import bound_rounding
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
-from chkpt_opt.solvers.interval_model import IntervalModel
+from chkpt_opt.solvers.interval.model import IntervalModel
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_model import IntervalModel
-from chkpt_opt.solvers.interval_program import IntervalProgram, build_program
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.model import IntervalModel
+from chkpt_opt.solvers.interval.program import IntervalProgram, build_program
 from chkpt_opt.solvers.segments import candidate_cuts
 
 DEFAULT_MAX_POSITIONS = 96

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.interval_model import Interval, IntervalModel
+from chkpt_opt.solvers.interval.model import Interval, IntervalModel
 
 MAX_OBJECTIVE_UNITS = 2**40
 FLOAT_OBJECTIVE_UNITS = 1e6

@@ -17,8 +17,8 @@ from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, rank, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.interval_model import IntervalModel
-from chkpt_opt.solvers.prepare import Prepared
+from chkpt_opt.solvers.interval.model import IntervalModel
+from chkpt_opt.solvers.interval.prepare import Prepared
 
 
 @dataclass(frozen=True)

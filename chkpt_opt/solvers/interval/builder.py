@@ -1,4 +1,4 @@
-"""Builds the interval model of a graph (:mod:`chkpt_opt.solvers.interval_model` says what
+"""Builds the interval model of a graph (:mod:`chkpt_opt.solvers.interval.model` says what
 it holds), one pass per quantity, following :mod:`chkpt_opt.op_sequence` exactly."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from chkpt_opt.graphs.costgraph import (
 from chkpt_opt.op_sequence import lower, replayed_ops
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.interval_cache import CacheColumns
-from chkpt_opt.solvers.interval_model import Holder, Interval, IntervalModel, Lifetime
+from chkpt_opt.solvers.interval.cache_columns import CacheColumns
+from chkpt_opt.solvers.interval.model import Holder, Interval, IntervalModel, Lifetime
 
 
 def build_interval_model(
@@ -41,7 +41,7 @@ def build_interval_model(
         max_cost_s: leave out every interval whose recompute time exceeds this (see the
             module docstring); None keeps all.
         cache: ``"none"`` (keep-set regions only), or the cache columns to add
-            (``"ranked"`` or ``"subsets"``, see :mod:`chkpt_opt.solvers.interval_cache`).
+            (``"ranked"`` or ``"subsets"``, see :mod:`chkpt_opt.solvers.interval.cache_columns`).
         deadline: the build stops with
             :class:`~chkpt_opt.solvers.deadline.DeadlineExceeded` once it has expired.
 
@@ -267,7 +267,7 @@ class _Builder:
         end of the replay. The ops in ``cached`` do not run (no step, no fresh storage, no
         reads); ``cached_alive`` lists ``(last op index, bytes)`` of the cached storages
         alive from the replay's first step to that op's step
-        (:mod:`chkpt_opt.solvers.interval_cache` finds them).
+        (:mod:`chkpt_opt.solvers.interval.cache_columns` finds them).
         """
         owner_idx = self.owner_idx
         steps = range(a, last + 1)

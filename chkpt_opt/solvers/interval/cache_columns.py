@@ -2,7 +2,7 @@
 may cache (a selective-checkpoint ``MUST_SAVE``), so that the integer programs choose
 per-op save or recompute decisions inside one level of regions.
 
-A column is an :class:`~chkpt_opt.solvers.interval_model.Interval` with ``cached`` set. It
+A column is an :class:`~chkpt_opt.solvers.interval.model.Interval` with ``cached`` set. It
 follows :func:`chkpt_opt.op_sequence.lower` exactly:
 
 * its recompute time leaves out the cached ops (the recomputation takes their outputs from
@@ -50,7 +50,7 @@ from chkpt_opt.graphs.costgraph import (
 )
 from chkpt_opt.op_sequence import replayed_ops
 from chkpt_opt.schedule import Schedule, cacheable_ops, caching_allowed
-from chkpt_opt.solvers.interval_model import Interval
+from chkpt_opt.solvers.interval.model import Interval
 
 CACHE_MODES = ("none", "ranked", "subsets")
 MAX_SUBSET_CANDIDATES = 10
@@ -58,7 +58,7 @@ MAX_SUBSET_CANDIDATES = 10
 
 class ReplayCounter(Protocol):
     """What the columns read from the interval model's builder
-    (:mod:`chkpt_opt.solvers.interval_builder`)."""
+    (:mod:`chkpt_opt.solvers.interval.builder`)."""
 
     attrs: list[Any]  # node attributes, by op index
     reads: list[list[tuple[str, int]]]  # (storage, owner index) each op reads, by op index

@@ -35,7 +35,7 @@ The memory at slot ``s`` under a choice of intervals is then::
               and held_after_replay bytes (after it)
 
 :meth:`IntervalModel.slot_bytes` evaluates it; the integer programs state it as constraints.
-:func:`chkpt_opt.solvers.interval_builder.build_interval_model` builds the model.
+:func:`chkpt_opt.solvers.interval.builder.build_interval_model` builds the model.
 :func:`simulator_slot_bytes` maps a simulated timeline onto the slots, so the two can be
 compared (the tests do, on many random schedules).
 
@@ -79,7 +79,7 @@ class Interval:
             replay; they are alive from ``replay_slot + 1`` to ``last slot``.
         cached: indices of the ops the region caches (a selective-checkpoint ``MUST_SAVE``);
             empty for a keep-set region. A model built with cache columns
-            (:mod:`chkpt_opt.solvers.interval_cache`) has several intervals per span.
+            (:mod:`chkpt_opt.solvers.interval.cache_columns`) has several intervals per span.
     """
 
     start: int
@@ -168,7 +168,7 @@ class IntervalModel:
         total_fwd_s: forward time of all ops (no schedule recomputes more).
         max_cost_s: intervals whose recompute time exceeds this were left out (None: none
             were); the model is then exact only for schedules costing at most this.
-        cache: the cache columns it holds (:mod:`chkpt_opt.solvers.interval_cache`):
+        cache: the cache columns it holds (:mod:`chkpt_opt.solvers.interval.cache_columns`):
             ``"none"`` (keep-set regions only), ``"ranked"`` or ``"subsets"``.
     """
 
