@@ -26,7 +26,7 @@ def smallest_peak(
     ``stats["min_feasible_proven"]`` says whether no keep-set schedule has a lower peak, and
     ``stats["min_feasible_lower_bytes"]`` is a proven lower bound where one is known. A
     schedule beyond keep-set (nested regions) comes with the floor of
-    :mod:`chkpt_opt.solvers.recompute_bound` as its lower bound, which holds over every
+    :mod:`chkpt_opt.solvers.bounds.recompute_bound` as its lower bound, which holds over every
     schedule (``min_feasible_proven`` when the peak meets it).
     (``min_feasible_budget`` of the tests' ``tests/reference/bounds.py`` reads the keep-set
     result as a typed value.)

@@ -29,7 +29,7 @@ proof (:attr:`~chkpt_opt.solvers.base.SolveResult.proven`: optimal, or infeasibl
 proof), whichever solver gave it. The best result wins (cheapest that fits, else lowest
 peak); its status is honest: ``optimal`` only when proven (a result that meets the best
 proven bound of any solver counts), ``feasible`` with the best bound otherwise. Beside the
-solvers' bounds counts the recompute bound (:mod:`chkpt_opt.solvers.recompute_bound`,
+solvers' bounds counts the recompute bound (:mod:`chkpt_opt.solvers.bounds.recompute_bound`,
 ``stats["recompute_bound"]``): an LP over the storages of the keep-all op sequence, computed
 first in at most 15% of the limit, which gives graphs too large for the integer
 programs a proven gap, and proves a budget below every schedule's peak infeasible.
@@ -76,12 +76,12 @@ from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
 from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.cache_rounding import cache_rounding
 from chkpt_opt.solvers.chain_cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.enumerate import count_schedules
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
-from chkpt_opt.solvers.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.registry import get_solver, register
 
 PRUNED_MIN_POSITIONS = 64
@@ -394,7 +394,7 @@ def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> boo
 
 
 def _cover_stats(cover: RecomputeBound) -> dict[str, object]:
-    """What :func:`~chkpt_opt.solvers.recompute_bound.recompute_bound` found, as stats."""
+    """What :func:`~chkpt_opt.solvers.bounds.recompute_bound.recompute_bound` found, as stats."""
     return {
         "bound_s": cover.bound_s,
         "floor_bytes": cover.floor_bytes,

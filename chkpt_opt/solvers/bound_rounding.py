@@ -1,6 +1,6 @@
 """A keep-set schedule rounded from the recompute bound's LP: a warm start for large graphs.
 
-The LP of :mod:`chkpt_opt.solvers.recompute_bound` says, op by op, how much of it the
+The LP of :mod:`chkpt_opt.solvers.bounds.recompute_bound` says, op by op, how much of it the
 cheapest relaxed schedule recomputes (``recompute_share``). Rounding keeps the ops whose
 share exceeds a threshold, makes every run of them (runs at most ``gap`` ops apart merged)
 a recompute region, widened to the nearest allowed cuts, and judges the schedule with the
@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.interval.judge import best_simulated
-from chkpt_opt.solvers.recompute_bound import recompute_bound
 
 THRESHOLDS = (0.99, 0.9, 0.75, 0.5, 0.25, 0.1, 0.01, 0.0)
 """Shares above which an op is recomputed, tried in turn."""

@@ -1,6 +1,6 @@
 """A schedule with cached ops rounded from the recompute bound's LP: a start beyond keep-set.
 
-The LP of :mod:`chkpt_opt.solvers.recompute_bound` says, op by op, how much of it the
+The LP of :mod:`chkpt_opt.solvers.bounds.recompute_bound` says, op by op, how much of it the
 cheapest relaxed schedule recomputes (``recompute_share``). On a transformer layer at a
 loose budget it recomputes the cheap elementwise ops (norms, rotary embeddings,
 activations) and keeps the matmuls' outputs: a schedule no keep-set region can say (an op
@@ -54,9 +54,9 @@ from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.blocks import find_blocks, layer_spans
 from chkpt_opt.solvers.bound_rounding import rounded_spans
+from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.interval.judge import best_simulated
-from chkpt_opt.solvers.recompute_bound import RecomputeBound, recompute_bound
 
 REGION_THRESHOLDS = (0.5, 0.1, 0.01)
 """Shares above which an op is in a region, tried in turn."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
+from chkpt_opt.solvers.bounds.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
 from chkpt_opt.solvers.flat import solve_flat
@@ -48,7 +49,6 @@ from chkpt_opt.solvers.interval.prepare import (
     keep_all_result,
 )
 from chkpt_opt.solvers.interval.program import build_program
-from chkpt_opt.solvers.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.warm_start import hint_ids
 

@@ -12,7 +12,7 @@ them:
 2. **Reduced costs**: with the LP relaxation's optimum ``LP`` and the reduced cost ``r_k`` of
    an interval at zero, every solution that chooses it costs at least ``LP + r_k``; when that
    exceeds ``UB`` (by a margin over the LP solver's tolerances) the interval is dropped
-   (:mod:`chkpt_opt.solvers.reductions`).
+   (:mod:`chkpt_opt.solvers.bounds.reductions`).
 
 Neither drops a schedule costing at most ``UB``, and the incumbent's own intervals are always
 kept, so the reduced program still holds an optimal schedule: its proven optimum is the
@@ -38,6 +38,8 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.bounds.lowest_peak import with_lowest_peak
+from chkpt_opt.solvers.bounds.reductions import cost_cap, reduced_cost_fixing, restrict
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
 from chkpt_opt.solvers.engines.milp_engine import BACKENDS, DEFAULT_BACKEND, solve_milp
@@ -45,8 +47,6 @@ from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.judge import Outcome, finish
 from chkpt_opt.solvers.interval.prepare import Prepared, check_flat_size, keep_all_result
 from chkpt_opt.solvers.interval.program import build_program
-from chkpt_opt.solvers.lowest_peak import with_lowest_peak
-from chkpt_opt.solvers.reductions import cost_cap, reduced_cost_fixing, restrict
 from chkpt_opt.solvers.warm_start import hint_ids, incumbent
 
 log = logging.getLogger(__name__)
