@@ -32,7 +32,7 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
-from chkpt_opt.solvers.dp_chain import ChainModel, run_dp
+from chkpt_opt.solvers.chain.dp_chain import ChainModel, run_dp
 from chkpt_opt.solvers.engines.cpsat_engine import build_cp_model, make_solver
 from chkpt_opt.solvers.enumerate import best_for_budget, evaluate_all, pareto_front
 from chkpt_opt.solvers.interval.builder import build_interval_model

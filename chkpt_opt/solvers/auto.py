@@ -78,7 +78,7 @@ from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
 from chkpt_opt.solvers.blocks import find_blocks
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.cache_rounding import cache_rounding
-from chkpt_opt.solvers.chain_cuts import chain_cuts
+from chkpt_opt.solvers.chain.cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.enumerate import count_schedules
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS

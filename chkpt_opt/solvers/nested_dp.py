@@ -59,7 +59,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.solvers.chain_replay import Rmq
+from chkpt_opt.solvers.chain.replay import Rmq
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.nested_chain import NO_STEPS, NestedChain
 from chkpt_opt.solvers.nested_front import (

@@ -82,7 +82,7 @@ _BUILTIN: dict[str, str] = {
     "milp": "chkpt_opt.solvers.milp",
     "lp_round": "chkpt_opt.solvers.lp_round",
     "hierarchical": "chkpt_opt.solvers.hierarchical",
-    "dp_chain": "chkpt_opt.solvers.dp_chain",
+    "dp_chain": "chkpt_opt.solvers.chain.dp_chain",
     "pruned": "chkpt_opt.solvers.pruned",
     "nested": "chkpt_opt.solvers.nested",
     "cached": "chkpt_opt.solvers.caching",

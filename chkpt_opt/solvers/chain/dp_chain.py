@@ -57,10 +57,10 @@ tensors but never runs its backward (its tensors live to the end of the step, ac
 piece), and graphs whose byte totals would overflow 62-bit integers.
 
 This module holds the DP and the registered solver; the cut set is
-:mod:`~chkpt_opt.solvers.chain_cuts`, the chain's layout (slots, crossing and internal
-storages, region data) :mod:`~chkpt_opt.solvers.chain_layout`, the pieces, states and their
-evaluation :mod:`~chkpt_opt.solvers.chain_model`, range maxima and replays
-:mod:`~chkpt_opt.solvers.chain_replay`.
+:mod:`~chkpt_opt.solvers.chain.cuts`, the chain's layout (slots, crossing and internal
+storages, region data) :mod:`~chkpt_opt.solvers.chain.layout`, the pieces, states and their
+evaluation :mod:`~chkpt_opt.solvers.chain.model`, range maxima and replays
+:mod:`~chkpt_opt.solvers.chain.replay`.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
-from chkpt_opt.solvers.chain_layout import MAX_TOTAL
-from chkpt_opt.solvers.chain_model import OUTSIDE, REGION, ChainModel, Key
+from chkpt_opt.solvers.chain.layout import MAX_TOTAL
+from chkpt_opt.solvers.chain.model import OUTSIDE, REGION, ChainModel, Key
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.judge import check_prediction
 from chkpt_opt.solvers.interval.prepare import keep_all_result

@@ -1,7 +1,7 @@
 """The layout of dp_chain's chain model: a graph cut into segments, its slots, the storages
 crossing each cut or internal to a segment, and the data of every region (replay cost, peak
-and release); what :class:`~chkpt_opt.solvers.chain_model.ChainModel` evaluates pieces with
-(see :mod:`chkpt_opt.solvers.dp_chain`)."""
+and release); what :class:`~chkpt_opt.solvers.chain.model.ChainModel` evaluates pieces with
+(see :mod:`chkpt_opt.solvers.chain.dp_chain`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, region_overhead_s
-from chkpt_opt.solvers.chain_cuts import check_supported, cut_set, scan_storages
-from chkpt_opt.solvers.chain_replay import NEG, Replay, Rmq
+from chkpt_opt.solvers.chain.cuts import check_supported, cut_set, scan_storages
+from chkpt_opt.solvers.chain.replay import NEG, Replay, Rmq
 from chkpt_opt.solvers.interval.builder import build_interval_model
 
 MAX_TOTAL = 1 << 62

@@ -1,6 +1,6 @@
 """Where dp_chain may cut a graph: the forward storages whose lives a schedule can extend,
 and the largest set of allowed cut positions where each of them spans at most two adjacent
-segments (see :mod:`chkpt_opt.solvers.dp_chain`)."""
+segments (see :mod:`chkpt_opt.solvers.chain.dp_chain`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The chain model of dp_chain: the pieces of a schedule (a segment outside every region, or
 a region over one or more segments) evaluated in every state, over the layout of
-:mod:`~chkpt_opt.solvers.chain_layout` (see :mod:`chkpt_opt.solvers.dp_chain`)."""
+:mod:`~chkpt_opt.solvers.chain.layout` (see :mod:`chkpt_opt.solvers.chain.dp_chain`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.solvers.chain_layout import ChainLayout
-from chkpt_opt.solvers.chain_replay import NEG
+from chkpt_opt.solvers.chain.layout import ChainLayout
+from chkpt_opt.solvers.chain.replay import NEG
 
 REGION = 0
 OUTSIDE = 1
@@ -36,7 +36,7 @@ class Evaluation:
 
 
 class ChainModel(ChainLayout):
-    """A graph as a chain of segments (:class:`~chkpt_opt.solvers.chain_layout.ChainLayout`),
+    """A graph as a chain of segments (:class:`~chkpt_opt.solvers.chain.layout.ChainLayout`),
     with the evaluation of every piece the DP chains."""
 
     # -- pieces --------------------------------------------------------------------------
