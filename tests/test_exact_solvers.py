@@ -498,7 +498,7 @@ def gpt_graphs() -> dict[int, CostGraph]:
 
 
 def test_find_blocks_on_a_decoder(gpt_graphs) -> None:
-    from chkpt_opt.solvers.blocks import find_blocks, phase_shifts
+    from chkpt_opt.solvers.blocks.repeated import find_blocks, phase_shifts
 
     graph = gpt_graphs[3]
     blocks = find_blocks(graph)
@@ -514,7 +514,7 @@ def test_find_blocks_on_a_decoder(gpt_graphs) -> None:
 def test_block_split_predicts_the_simulated_peak(gpt_graphs) -> None:
     """``max_j (P_j + sum_{i<j} K_i)`` equals the simulator's peak for random schedules whose
     regions stay inside segments, for every phase."""
-    from chkpt_opt.solvers.blocks import evaluate, find_blocks, phase_shifts, split_model
+    from chkpt_opt.solvers.blocks.repeated import evaluate, find_blocks, phase_shifts, split_model
 
     graph = gpt_graphs[3]
     base = find_blocks(graph)

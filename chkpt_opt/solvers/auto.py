@@ -75,7 +75,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
-from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.blocks.repeated import find_blocks
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.cache_rounding import cache_rounding
 from chkpt_opt.solvers.chain.cuts import chain_cuts

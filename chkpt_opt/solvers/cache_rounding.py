@@ -10,13 +10,13 @@ region per layer, matmuls saved), chosen by the LP instead of by op names.
 
 Rounding makes regions of the runs of ops whose share exceeds a threshold (runs at most
 ``gap`` ops apart merged, widened to allowed cuts), and also tries the graph's blocks
-(:func:`~chkpt_opt.solvers.blocks.find_blocks`) as regions; inside each region it
+(:func:`~chkpt_opt.solvers.blocks.repeated.find_blocks`) as regions; inside each region it
 caches the ops the LP keeps (share at most a second threshold) where a region may cache
 (:func:`~chkpt_opt.schedule.cache_candidates`), or the densest of them (forward seconds
 per output byte) in fixed shares, or the longest prefix that fits the budget of them
 densest first and costliest first, found by bisection. The layouts tried first are the
 graph's repeated blocks and the model's own layers
-(:func:`~chkpt_opt.solvers.blocks.layer_spans`), so that the family holds the layouts
+(:func:`~chkpt_opt.solvers.blocks.repeated.layer_spans`), so that the family holds the layouts
 of a model's own checkpointing: a region per layer, and selective activation
 checkpointing's region per layer caching its matmuls, which the costliest-first prefix
 meets at its own peak where the matmuls are the costliest ops. The simulator judges
@@ -52,7 +52,7 @@ from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cache_candidates, cut_positions
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
-from chkpt_opt.solvers.blocks import find_blocks, layer_spans
+from chkpt_opt.solvers.blocks.repeated import find_blocks, layer_spans
 from chkpt_opt.solvers.bound_rounding import rounded_spans
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
@@ -198,7 +198,7 @@ def _region_spans(
     graph: CostGraph, order: list[str], share: Mapping[str, float]
 ) -> list[list[tuple[int, int]]]:
     """The region layouts tried: the graph's repeated blocks first, then the model's own
-    layers (:func:`~chkpt_opt.solvers.blocks.layer_spans`: the layout of its own
+    layers (:func:`~chkpt_opt.solvers.blocks.repeated.layer_spans`: the layout of its own
     checkpointing), then the rounded runs of every threshold and gap (distinct layouts
     only, in that order)."""
     layouts: list[list[tuple[int, int]]] = []

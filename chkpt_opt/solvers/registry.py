@@ -81,7 +81,7 @@ _BUILTIN: dict[str, str] = {
     "cpsat": "chkpt_opt.solvers.cpsat",
     "milp": "chkpt_opt.solvers.milp",
     "lp_round": "chkpt_opt.solvers.lp_round",
-    "hierarchical": "chkpt_opt.solvers.hierarchical",
+    "hierarchical": "chkpt_opt.solvers.blocks.hierarchical",
     "dp_chain": "chkpt_opt.solvers.chain.dp_chain",
     "pruned": "chkpt_opt.solvers.pruned",
     "nested": "chkpt_opt.solvers.nested",

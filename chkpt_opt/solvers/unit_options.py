@@ -13,7 +13,7 @@ regions over blocks. Where the block runs inside a checkpoint, its regions nest 
 and hold their inputs while they run (``UnitOption.w_run``).
 
 **Candidates** are the hierarchical solver's: one CP-SAT program per distinct block
-(:class:`~chkpt_opt.solvers.block_options.OptionPool`; identical repeated blocks are solved
+(:class:`~chkpt_opt.solvers.blocks.options.OptionPool`; identical repeated blocks are solved
 once), swept over caps on the block's own peak and kept bytes. Their worth in the DP is not
 taken from that program's model: **every option's bytes are read off the op sequence** of
 :func:`chkpt_opt.op_sequence.lower`, one lowering per round, with the round's option in
@@ -50,8 +50,8 @@ from chkpt_opt.graphs.costgraph import (
 )
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
-from chkpt_opt.solvers.block_options import OptionPool
-from chkpt_opt.solvers.blocks import fold_shared_lifetimes, make_blocks, split_model
+from chkpt_opt.solvers.blocks.options import OptionPool
+from chkpt_opt.solvers.blocks.repeated import fold_shared_lifetimes, make_blocks, split_model
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.nested_chain import NestedChain, UnitOption

@@ -11,8 +11,8 @@ import logging
 from chkpt_opt.errors import ScheduleError, SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult, best_of
-from chkpt_opt.solvers.block_search import BlockSearch
-from chkpt_opt.solvers.blocks import find_blocks
+from chkpt_opt.solvers.blocks.repeated import find_blocks
+from chkpt_opt.solvers.blocks.search import BlockSearch
 from chkpt_opt.solvers.bound_rounding import bound_rounding
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep

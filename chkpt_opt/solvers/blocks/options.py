@@ -1,7 +1,7 @@
 """The block level of the hierarchical solver: one CP-SAT program per distinct segment (its
 recompute, own peak ``P`` and kept bytes ``K``), the option sweeps over them, the chain DP
 that picks one option per segment, and the final polish over every segment at once (see
-:mod:`chkpt_opt.solvers.hierarchical`).
+:mod:`chkpt_opt.solvers.blocks.hierarchical`).
 
 A block program states the rows of :mod:`~chkpt_opt.solvers.interval.program` (tight holds)
 for the slots of one segment, in bytes, with the same variables type; its objective scaling is
@@ -23,7 +23,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from chkpt_opt.solvers.blocks import Segment, evaluate
+from chkpt_opt.solvers.blocks.repeated import Segment, evaluate
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.cpsat_engine import make_solver, run_cp
 from chkpt_opt.solvers.interval.model import IntervalModel

@@ -1,6 +1,6 @@
 """``solver="hierarchical"``: graphs of repeated blocks (transformer layers, ResNet stages),
 block sub-problems solved once per distinct block, then a DP over the chain of blocks
-(:mod:`chkpt_opt.solvers.block_search`). Feasible, never reported optimal for the whole
+(:mod:`chkpt_opt.solvers.blocks.search`). Feasible, never reported optimal for the whole
 schedule model: its regions stay inside blocks."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
-from chkpt_opt.solvers.block_search import BlockSearch
+from chkpt_opt.solvers.blocks.search import BlockSearch
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
@@ -19,7 +19,7 @@ from chkpt_opt.solvers.registry import register
 @dataclass(frozen=True)
 class HierarchicalSolver(BlockSearch):
     """Two-level solver for graphs of repeated blocks; its settings are
-    :class:`~chkpt_opt.solvers.block_search.BlockSearch`'s.
+    :class:`~chkpt_opt.solvers.blocks.search.BlockSearch`'s.
 
     Raises (when called):
         SolverError: for a graph without repeated blocks.

@@ -2,7 +2,7 @@
 
 Real models have thousands of ops, too many for one flat integer program, but they repeat a
 block. With every region kept inside one segment (prologue, block, epilogue), the peak of the
-step is ``max_j (P_j + sum_{i<j} K_i)`` (see :mod:`chkpt_opt.solvers.blocks`), and the
+step is ``max_j (P_j + sum_{i<j} K_i)`` (see :mod:`chkpt_opt.solvers.blocks.repeated`), and the
 schedule is found in two levels:
 
 1. **Blocks**: for every distinct segment (identical blocks share it) a CP-SAT sub-problem is
@@ -19,9 +19,9 @@ boundaries moved by a few ops, so regions may straddle the original ones); the b
 The result is optimal only among the schedules built from the block options; it is never
 reported optimal for the full schedule model (status ``feasible``, no bound) and ``stats``
 says so. The peak the chain predicts must equal the simulated one (checked). The block
-programs, sweeps, chain DP and polish are :mod:`~chkpt_opt.solvers.block_options`; this
+programs, sweeps, chain DP and polish are :mod:`~chkpt_opt.solvers.blocks.options`; this
 module cuts the graph, runs the phases and judges the result. Nothing here is registered:
-solver ``hierarchical`` (:mod:`chkpt_opt.solvers.hierarchical`) runs it on its own, and the
+solver ``hierarchical`` (:mod:`chkpt_opt.solvers.blocks.hierarchical`) runs it on its own, and the
 pruned search takes it as part of its incumbent (:func:`chkpt_opt.solvers.warm_start.incumbent`).
 """
 
@@ -37,8 +37,8 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
-from chkpt_opt.solvers.block_options import Option, OptionPool, chain_dp, polish
-from chkpt_opt.solvers.blocks import (
+from chkpt_opt.solvers.blocks.options import Option, OptionPool, chain_dp, polish
+from chkpt_opt.solvers.blocks.repeated import (
     Blocks,
     Segment,
     evaluate,
