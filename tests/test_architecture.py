@@ -130,7 +130,10 @@ def test_only_auto_composes_solvers() -> None:
     unregistered modules (``greedy_sweep``, ``block_search``, ``pruned_search``)."""
     modules = _modules()
     registering = _registering(modules)
-    assert {"chkpt_opt.solvers.heuristics.greedy", "chkpt_opt.solvers.pruned"} <= registering
+    assert {
+        "chkpt_opt.solvers.heuristics.greedy",
+        "chkpt_opt.solvers.keepset.pruned",
+    } <= registering
     for name, path in modules.items():
         if name == "chkpt_opt.solvers.auto":
             continue

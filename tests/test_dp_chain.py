@@ -34,9 +34,9 @@ from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
 from chkpt_opt.solvers.chain.dp_chain import ChainModel, run_dp
 from chkpt_opt.solvers.engines.cpsat_engine import build_cp_model, make_solver
-from chkpt_opt.solvers.enumerate import best_for_budget, evaluate_all, pareto_front
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.keepset.enumerate import best_for_budget, evaluate_all, pareto_front
 from tests.conftest import REL, assert_valid_result
 from tests.reference.revolve import (
     homogeneous_chain,

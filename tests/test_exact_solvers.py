@@ -21,15 +21,15 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
-from chkpt_opt.solvers.enumerate import (
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.model import simulator_slot_bytes
+from chkpt_opt.solvers.keepset.enumerate import (
     Evaluated,
     best_for_budget,
     count_schedules,
     evaluate_all,
     pareto_front,
 )
-from chkpt_opt.solvers.interval.builder import build_interval_model
-from chkpt_opt.solvers.interval.model import simulator_slot_bytes
 from tests.conftest import REL, assert_valid_result, random_interval_choice
 from tests.reference.bounds import max_saving, min_feasible_budget
 

@@ -24,11 +24,11 @@ from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.bounds.reductions import cost_cap, reduced_cost_fixing, restrict
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.milp_engine import solve_milp
-from chkpt_opt.solvers.enumerate import best_for_budget, evaluate_all, pareto_front
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.judge import finish
 from chkpt_opt.solvers.interval.prepare import Prepared
 from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.keepset.enumerate import best_for_budget, evaluate_all, pareto_front
 from tests.conftest import REL, assert_valid_result
 
 

@@ -10,7 +10,7 @@ fallback), then the exact solver that fits the graph and the time limit:
 * ``pruned`` when the graph has more than ``pruned_min_positions`` allowed cuts and at most
   ``pruned_max_ops`` ops: an incumbent from greedy and
   (on repeated blocks) the hierarchical solver, then the MILP over every cut after exact
-  pruning (:mod:`chkpt_opt.solvers.pruned`); measured on the corpus graphs of 184-298 ops at
+  pruning (:mod:`chkpt_opt.solvers.keepset.pruned`); measured on the corpus graphs of 184-298 ops at
   budgets 0.9-0.3 of the keep-all peak: proven optimal within 60 s, where the flat solvers
   over a subset of cuts had no bound. From 64 cuts on it also beats flat CP-SAT over every
   cut (``python benchmarks/auto_choice.py --time-limit 8``): on unet_large, resnet_large
@@ -80,8 +80,8 @@ from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_b
 from chkpt_opt.solvers.cache_rounding import cache_rounding
 from chkpt_opt.solvers.chain.cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.enumerate import count_schedules
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.keepset.enumerate import count_schedules
 from chkpt_opt.solvers.registry import get_solver, register
 
 PRUNED_MIN_POSITIONS = 64

@@ -37,7 +37,6 @@ from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.bounds.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
-from chkpt_opt.solvers.flat import solve_flat
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.cache_columns import CACHE_MODES
 from chkpt_opt.solvers.interval.judge import finish
@@ -49,8 +48,9 @@ from chkpt_opt.solvers.interval.prepare import (
     keep_all_result,
 )
 from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.keepset.flat import solve_flat
+from chkpt_opt.solvers.keepset.warm_start import hint_ids
 from chkpt_opt.solvers.registry import register
-from chkpt_opt.solvers.warm_start import hint_ids
 
 KEEP_SET_SHARE = 0.3
 """Share of the time limit the keep-set stage may take."""

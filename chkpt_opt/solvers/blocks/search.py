@@ -22,7 +22,8 @@ says so. The peak the chain predicts must equal the simulated one (checked). The
 programs, sweeps, chain DP and polish are :mod:`~chkpt_opt.solvers.blocks.options`; this
 module cuts the graph, runs the phases and judges the result. Nothing here is registered:
 solver ``hierarchical`` (:mod:`chkpt_opt.solvers.blocks.hierarchical`) runs it on its own, and the
-pruned search takes it as part of its incumbent (:func:`chkpt_opt.solvers.warm_start.incumbent`).
+pruned search takes it as part of its incumbent
+(:func:`chkpt_opt.solvers.keepset.warm_start.incumbent`).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class RecomputeBound:
         solve_s: wall-clock seconds spent.
         recompute_share: op -> its ``r`` in the LP's solution (how much of it the
             relaxation recomputes), for the ops the LP holds; what
-            :mod:`~chkpt_opt.solvers.bound_rounding` rounds into a schedule.
+            :mod:`~chkpt_opt.solvers.keepset.bound_rounding` rounds into a schedule.
     """
 
     bound_s: float | None

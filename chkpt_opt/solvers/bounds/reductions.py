@@ -8,7 +8,7 @@
    solution that chooses it costs at least ``LP + r_k``; when that exceeds ``UB`` (by a
    margin over the LP solver's tolerances) the interval is dropped.
 
-Neither drops a schedule costing at most ``UB``; :mod:`chkpt_opt.solvers.pruned` says why
+Neither drops a schedule costing at most ``UB``; :mod:`chkpt_opt.solvers.keepset.pruned` says why
 that keeps the optimum.
 """
 

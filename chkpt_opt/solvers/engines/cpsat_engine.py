@@ -351,7 +351,7 @@ def solve_cp(
             what the build leaves).
         linearization_level: CP-SAT's ``linearization_level`` (None: its default). At 2 its
             LP relaxation proves the small pruned programs of
-            :mod:`~chkpt_opt.solvers.pruned` (measured: a 637-interval program of
+            :mod:`~chkpt_opt.solvers.keepset.pruned` (measured: a 637-interval program of
             gpt_reference at 0.9 of the peak proven in 0.1 s, 7.4 s at the default).
     """
     stats: dict[str, Any] = {"formulation": formulation, "cost_scale": program.cost_scale}

@@ -1,5 +1,5 @@
 """Chen et al.'s budget-driven greedy segmentation: the heuristic behind solver ``greedy``
-and the warm start of the exact solvers (:mod:`chkpt_opt.solvers.warm_start`).
+and the warm start of the exact solvers (:mod:`chkpt_opt.solvers.keepset.warm_start`).
 
 For a segment-size threshold ``b``, walk the ops in order adding up the bytes their
 backward keeps; at the first candidate cut after the sum passes ``b``, cut and restart the

@@ -48,8 +48,8 @@ Intervals can also be left out by cost (``max_cost_s``): every interval whose re
 alone exceeds it. This is exact for every schedule costing at most ``max_cost_s`` (each of
 its regions costs no more than the whole), so with ``max_cost_s`` at least the cost of a
 known schedule that fits the budget, the optimum is still in the model (see
-:mod:`chkpt_opt.solvers.pruned`). A region's cost only grows when its end moves right, so the
-builder stops extending a start at the first interval over the cap and never builds the rest.
+:mod:`chkpt_opt.solvers.keepset.pruned`). A region's cost only grows when its end moves right, so
+the builder stops extending a start at the first interval over the cap and never builds the rest.
 """
 
 from __future__ import annotations

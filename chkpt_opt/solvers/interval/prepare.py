@@ -19,7 +19,7 @@ from chkpt_opt.solvers.segments import candidate_cuts
 
 DEFAULT_MAX_POSITIONS = 96
 """Graphs with more allowed cut positions than this are solved over every cut after exact
-pruning (:mod:`chkpt_opt.solvers.pruned`; ``cpsat`` and ``milp`` with ``prune=True``, the
+pruning (:mod:`chkpt_opt.solvers.keepset.pruned`; ``cpsat`` and ``milp`` with ``prune=True``, the
 default), or over a candidate subset of cuts (``lp_round``, and ``prune=False``)."""
 
 MAX_FLAT_OPS = 800

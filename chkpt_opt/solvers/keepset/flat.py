@@ -1,7 +1,7 @@
 """What the flat front-ends (``cpsat``, ``milp``) share: from a graph to a judged result.
 
 Keep-all when it fits; above ``max_positions`` allowed cuts, the pruned every-cut search
-(:mod:`~chkpt_opt.solvers.pruned_search`) with the caller's engine settings; otherwise the
+(:mod:`~chkpt_opt.solvers.keepset.pruned_search`) with the caller's engine settings; otherwise the
 interval program over every cut (or a candidate subset), the greedy warm start, the engine,
 the lowest-peak search when the engine proves the budget infeasible, and the simulator's
 judgement.
@@ -20,8 +20,8 @@ from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.judge import Outcome, finish
 from chkpt_opt.solvers.interval.prepare import candidate_positions, keep_all_result, prepare
 from chkpt_opt.solvers.interval.program import IntervalProgram
-from chkpt_opt.solvers.pruned_search import PrunedSearch
-from chkpt_opt.solvers.warm_start import warm_start
+from chkpt_opt.solvers.keepset.pruned_search import PrunedSearch
+from chkpt_opt.solvers.keepset.warm_start import warm_start
 
 Engine = Callable[[IntervalProgram, int, "list[int] | None", Deadline], Outcome]
 """``engine(program, budget_bytes, hint_ids, deadline)``: one engine with its settings."""

@@ -34,8 +34,8 @@ from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.lp_engine import INFEASIBLE, OPTIMAL, LpRelaxation, lp_bound_s
 from chkpt_opt.solvers.interval.model import IntervalModel
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS, keep_all_result, prepare
+from chkpt_opt.solvers.keepset.warm_start import warm_start
 from chkpt_opt.solvers.registry import register
-from chkpt_opt.solvers.warm_start import warm_start
 
 
 def threshold_rounds(model: IntervalModel, x: list[float]) -> list[tuple[int, ...]]:
@@ -165,7 +165,7 @@ class LpRoundSolver:
         n_samples: random paths drawn from the LP flow.
         n_repair: candidates over the budget that are repaired (the lowest-peak ones).
         seed: seed of the random rounding.
-        max_positions: see :class:`~chkpt_opt.solvers.cpsat.CpSatSolver`.
+        max_positions: see :class:`~chkpt_opt.solvers.keepset.cpsat.CpSatSolver`.
     """
 
     n_samples: int = 64

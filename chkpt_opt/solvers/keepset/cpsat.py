@@ -12,11 +12,11 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
-from chkpt_opt.solvers.flat import solve_flat
 from chkpt_opt.solvers.interval.judge import Outcome
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.interval.program import IntervalProgram
-from chkpt_opt.solvers.pruned_search import PrunedSearch
+from chkpt_opt.solvers.keepset.flat import solve_flat
+from chkpt_opt.solvers.keepset.pruned_search import PrunedSearch
 from chkpt_opt.solvers.registry import register
 
 
@@ -35,8 +35,8 @@ class CpSatSolver:
             the status is never ``optimal``); None: always every cut.
         warm_start: hint the greedy schedule.
         prune: on graphs with more than ``max_positions`` allowed cuts, solve over every cut
-            after exact pruning (:class:`~chkpt_opt.solvers.pruned_search.PrunedSearch` with CP-SAT
-            as its engine and these settings) instead of over a subset of cuts.
+            after exact pruning (:class:`~chkpt_opt.solvers.keepset.pruned_search.PrunedSearch` with
+            CP-SAT as its engine and these settings) instead of over a subset of cuts.
     """
 
     formulation: str = DEFAULT_FORMULATION

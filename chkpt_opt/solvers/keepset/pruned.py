@@ -1,5 +1,5 @@
 """``solver="pruned"``: the every-cut interval program after exact cost and reduced-cost
-pruning, from an incumbent (:mod:`chkpt_opt.solvers.pruned_search`). Proven optimal for the
+pruning, from an incumbent (:mod:`chkpt_opt.solvers.keepset.pruned_search`). Proven optimal for the
 whole schedule model when the solve finishes; out of time, the incumbent without a bound."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.pruned_search import PrunedSearch
+from chkpt_opt.solvers.keepset.pruned_search import PrunedSearch
 from chkpt_opt.solvers.registry import register
 
 
@@ -17,7 +17,7 @@ from chkpt_opt.solvers.registry import register
 @dataclass(frozen=True)
 class PrunedSolver(PrunedSearch):
     """Exact solver for mid-size graphs; its settings are
-    :class:`~chkpt_opt.solvers.pruned_search.PrunedSearch`'s."""
+    :class:`~chkpt_opt.solvers.keepset.pruned_search.PrunedSearch`'s."""
 
     name: str = "pruned"
 

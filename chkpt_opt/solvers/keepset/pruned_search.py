@@ -22,9 +22,9 @@ repeated blocks, the hierarchical solver with a share of the time limit (it is u
 a few percent of the optimum, which is what makes the cost test bite). Building the model
 stops at a deadline; on overrun the incumbent is returned as ``feasible`` without a bound.
 
-Nothing here is registered: solver ``pruned`` (:mod:`chkpt_opt.solvers.pruned`) runs it on its
-own, and ``cpsat`` and ``milp`` run it with their engine settings on graphs above their
-``max_positions`` (:mod:`chkpt_opt.solvers.flat`).
+Nothing here is registered: solver ``pruned`` (:mod:`chkpt_opt.solvers.keepset.pruned`) runs it on
+its own, and ``cpsat`` and ``milp`` run it with their engine settings on graphs above their
+``max_positions`` (:mod:`chkpt_opt.solvers.keepset.flat`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.judge import Outcome, finish
 from chkpt_opt.solvers.interval.prepare import Prepared, check_flat_size, keep_all_result
 from chkpt_opt.solvers.interval.program import build_program
-from chkpt_opt.solvers.warm_start import hint_ids, incumbent
+from chkpt_opt.solvers.keepset.warm_start import hint_ids, incumbent
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult, best_of
 from chkpt_opt.solvers.blocks.repeated import find_blocks
 from chkpt_opt.solvers.blocks.search import BlockSearch
-from chkpt_opt.solvers.bound_rounding import bound_rounding
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.interval.model import IntervalModel
+from chkpt_opt.solvers.keepset.bound_rounding import bound_rounding
 
 log = logging.getLogger(__name__)
 

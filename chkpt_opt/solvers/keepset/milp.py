@@ -11,9 +11,9 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
-from chkpt_opt.solvers.flat import solve_flat
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
-from chkpt_opt.solvers.pruned_search import PrunedSearch
+from chkpt_opt.solvers.keepset.flat import solve_flat
+from chkpt_opt.solvers.keepset.pruned_search import PrunedSearch
 from chkpt_opt.solvers.registry import register
 
 
@@ -25,11 +25,11 @@ class MilpSolver:
     Attributes:
         backend: ``"highs"`` (default, faster here) or ``"scip"``.
         seed: backend random seed (SCIP).
-        max_positions: see :class:`~chkpt_opt.solvers.cpsat.CpSatSolver`.
+        max_positions: see :class:`~chkpt_opt.solvers.keepset.cpsat.CpSatSolver`.
         warm_start: hint the greedy schedule (where the backend takes hints).
         prune: on graphs with more than ``max_positions`` allowed cuts, solve over every cut
-            after exact pruning (:class:`~chkpt_opt.solvers.pruned_search.PrunedSearch` with this
-            backend and these settings) instead of over a subset of cuts. Measured on the
+            after exact pruning (:class:`~chkpt_opt.solvers.keepset.pruned_search.PrunedSearch` with
+            this backend and these settings) instead of over a subset of cuts. Measured on the
             corpus graphs of 184-298 ops: proven optimal in 60 s at budgets 0.9-0.3, where
             the subset gave no bound.
     """
