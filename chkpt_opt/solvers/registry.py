@@ -84,9 +84,9 @@ _BUILTIN: dict[str, str] = {
     "hierarchical": "chkpt_opt.solvers.blocks.hierarchical",
     "dp_chain": "chkpt_opt.solvers.chain.dp_chain",
     "pruned": "chkpt_opt.solvers.keepset.pruned",
-    "nested": "chkpt_opt.solvers.nested",
+    "nested": "chkpt_opt.solvers.nested.shape_search",
     "cached": "chkpt_opt.solvers.caching",
-    "dp_nested": "chkpt_opt.solvers.dp_nested",
+    "dp_nested": "chkpt_opt.solvers.nested.dp_nested",
     "milp_cached": "chkpt_opt.solvers.milp_cached",
 }
 _UNAVAILABLE: dict[str, str] = {}

@@ -1,8 +1,8 @@
 """Keep-set schedules inside the blocks of a separator chain, as options of the frames of
-:mod:`~chkpt_opt.solvers.dp_nested`: the hierarchical solver's block options lifted into
+:mod:`~chkpt_opt.solvers.nested.dp_nested`: the hierarchical solver's block options lifted into
 the nested DP.
 
-Over blocks (:mod:`~chkpt_opt.solvers.separator_chain`) the DP's regions begin and end at
+Over blocks (:mod:`~chkpt_opt.solvers.nested.separator_chain`) the DP's regions begin and end at
 separators. A block that is a plain piece of a frame (of the forward pass, or of a region's
 replay, there neither its first block nor the one holding its last packer) may instead run
 a keep-set schedule of its own (regions inside it, as the hierarchical solver's blocks do,
@@ -19,7 +19,7 @@ taken from that program's model: **every option's bytes are read off the op sequ
 :func:`chkpt_opt.op_sequence.lower`, one lowering per round, with the round's option in
 every block that has one. A block's own bytes do not depend on what the other blocks run
 (only its input crosses into it), and what each block before it keeps is checked against
-what the DP counts, as :func:`~chkpt_opt.solvers.separator_chain.separator_chain` does for
+what the DP counts, as :func:`~chkpt_opt.solvers.nested.separator_chain.separator_chain` does for
 plain blocks.
 
 **Exactness.** The DP counts a block's input alive at every step of its forward and, where
@@ -54,8 +54,7 @@ from chkpt_opt.solvers.blocks.options import OptionPool
 from chkpt_opt.solvers.blocks.repeated import fold_shared_lifetimes, make_blocks, split_model
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.builder import build_interval_model
-from chkpt_opt.solvers.nested_chain import NestedChain, UnitOption
-from chkpt_opt.solvers.separator_chain import (
+from chkpt_opt.solvers.nested.separator_chain import (
     UNITS,
     Timeline,
     input_slack,
@@ -64,6 +63,7 @@ from chkpt_opt.solvers.separator_chain import (
     timeline,
     unit_storages,
 )
+from chkpt_opt.solvers.nested.unit_chain import NestedChain, UnitOption
 
 _log = logging.getLogger(__name__)
 

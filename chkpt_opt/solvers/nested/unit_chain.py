@@ -1,4 +1,4 @@
-"""The chain that :mod:`chkpt_opt.solvers.dp_nested` plans nested schedules on: per-op facts
+"""The chain that :mod:`chkpt_opt.solvers.nested.dp_nested` plans nested schedules on: per-op facts
 read off the graph, the schedule-independent bytes of every step of the op sequence, and
 the conversion between plans (region trees) and :class:`~chkpt_opt.schedule.Schedule`.
 
@@ -49,7 +49,7 @@ NO_STEPS = -(1 << 62)
 @dataclass(frozen=True)
 class UnitOption:
     """A keep-set schedule inside one unit that runs in no region over units (see
-    :mod:`~chkpt_opt.solvers.unit_options`), with its bytes in the roles of the unit's
+    :mod:`~chkpt_opt.solvers.nested.unit_options`), with its bytes in the roles of the unit's
     own facts in :class:`NestedChain`.
 
     Attributes:
@@ -111,12 +111,12 @@ class NestedChain:
         bwd_pre: the bytes of the backward steps before it, which then run before the
             replay with nothing of the region alive (``NO_STEPS``: none).
         exact: whether the DP counts every plan's steps exactly as the simulator does
-            (always for a simple chain; see :mod:`~chkpt_opt.solvers.separator_chain`);
+            (always for a simple chain; see :mod:`~chkpt_opt.solvers.nested.separator_chain`);
             otherwise it counts no step below the simulator, and at most
             ``slack_bytes`` above it.
         units: what a unit is, for messages and stats.
         options: per unit, the keep-set schedules inside it that a frame may run it
-            with instead of plain (empty: none; :mod:`~chkpt_opt.solvers.unit_options`).
+            with instead of plain (empty: none; :mod:`~chkpt_opt.solvers.nested.unit_options`).
         region_s: seconds every region costs beyond recomputing its ops, at any level
             (the graph's ``region_overhead_s``, charged once per region as
             :func:`~chkpt_opt.simulate.simulate` charges it).

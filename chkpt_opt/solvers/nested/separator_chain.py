@@ -1,17 +1,17 @@
-"""A graph cut at its separators, as the chain that :mod:`chkpt_opt.solvers.dp_nested` plans
+"""A graph cut at its separators, as the chain that :mod:`chkpt_opt.solvers.nested.dp_nested` plans
 nested schedules on: each block between two separators is one unit.
 
 A *separator* is an allowed region boundary across which exactly one storage made before
 it is read after it: the output of the op just before it (a transformer's residual stream
 between its blocks and between the attention and MLP halves of a block). Between
 consecutive separators lies a *unit*, any sub-graph of ops whose only link to the ops
-after it is its output. The recurrence of :mod:`~chkpt_opt.solvers.nested_dp` needs, per
+after it is its output. The recurrence of :mod:`~chkpt_opt.solvers.nested.recurrence` needs, per
 unit, the bytes of its steps that no schedule changes, in every way a unit runs: its forward
 saving what its backward needs (the forward pass, a replay), its run inside a checkpoint
 (saving nothing), a replay that stops at its last packer, and its backward (whole; from
 the op whose backward triggers a replay on; the steps before that op, which run before
 the replay). A simple chain's unit has one step of each and
-:mod:`~chkpt_opt.solvers.nested_chain` writes its bytes down; a block has many, so they are
+:mod:`~chkpt_opt.solvers.nested.unit_chain` writes its bytes down; a block has many, so they are
 read off the op sequence of :func:`chkpt_opt.op_sequence.lower` (the one memory model)
 for two schedules: keep-all (forward, replay and backward steps) and one region over the
 whole graph (runs). At each step of a unit's window the bytes alive are what the units
@@ -25,7 +25,7 @@ unit saving it). In the op sequence an input that the unit's own op holds, or a 
 checkpoint up to its first packer's backward, is freed inside the window, and one that
 nothing holds is freed after its last reader. So the DP never counts fewer bytes than the
 simulator, and exactly as many where every window peaks while the input is alive in
-every schedule: :attr:`~chkpt_opt.solvers.nested_chain.NestedChain.exact` records whether
+every schedule: :attr:`~chkpt_opt.solvers.nested.unit_chain.NestedChain.exact` records whether
 that holds for every unit (it does in pre-norm transformer blocks: the first op saves the
 input and the residual add reads it last). Where it does not, the DP counts at most
 ``slack_bytes`` too many at any step (the inputs it may count alive for nothing), so
@@ -44,7 +44,7 @@ from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners,
 from chkpt_opt.op_sequence import Step, lower
 from chkpt_opt.schedule import Schedule, cut_positions, nesting_allowed
 from chkpt_opt.simulate import step_bytes
-from chkpt_opt.solvers.nested_chain import NO_STEPS, NestedChain, positions
+from chkpt_opt.solvers.nested.unit_chain import NO_STEPS, NestedChain, positions
 from chkpt_opt.solvers.segments import last_reads
 
 _log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
-"""The dynamic program of :mod:`chkpt_opt.solvers.dp_nested` over a simple chain
-(:mod:`chkpt_opt.solvers.nested_chain`) or a chain of blocks
-(:mod:`chkpt_opt.solvers.separator_chain`): rotor's recurrence, with the memory of every
+"""The dynamic program of :mod:`chkpt_opt.solvers.nested.dp_nested` over a simple chain
+(:mod:`chkpt_opt.solvers.nested.unit_chain`) or a chain of blocks
+(:mod:`chkpt_opt.solvers.nested.separator_chain`): rotor's recurrence, with the memory of every
 step as :func:`chkpt_opt.op_sequence.lower` counts it. Below, an op is a unit of the chain
 (a block's own tail before its last packer runs before the replay, with the tail).
 
@@ -18,7 +18,7 @@ region, which keeps its input until its replay ends). A frame's DP keeps, per po
 state, the Pareto front of (``K``, recompute time); every step of a piece is checked against
 the budget with the ``K`` of its entry. Over blocks, a plain piece other than a region's
 first op and its last packer may run one of the block's options instead
-(:mod:`~chkpt_opt.solvers.unit_options`: the block's own regions, nested there).
+(:mod:`~chkpt_opt.solvers.nested.unit_options`: the block's own regions, nested there).
 
 **A region's own frame** (what lower does): its replay is triggered before the backward of
 its last packer ``L`` (the last op in it that saves anything), runs from its first op up to
@@ -44,7 +44,7 @@ own input (``FrameResult.run_peak``) depends on the region's plan, so a frame is
 its *run room* ``r``, the least room of the runs it takes part in, and its plan must fit
 it. Frames are memoized over boxes of (budget, run room); a room that turned nothing away,
 here or in the regions inside, holds for any larger room
-(:class:`~chkpt_opt.solvers.nested_front.FrameMemo`). Minimizing the peak, each frame's
+(:class:`~chkpt_opt.solvers.nested.fronts.FrameMemo`). Minimizing the peak, each frame's
 plan is chosen by its own steps, which may leave a lower peak with a leaner run unfound;
 ``dp_nested`` proves the lowest peak with this DP under a budget one byte below it.
 
@@ -61,8 +61,7 @@ from dataclasses import dataclass
 from chkpt_opt.errors import SolverError
 from chkpt_opt.solvers.chain.replay import Rmq
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.nested_chain import NO_STEPS, NestedChain
-from chkpt_opt.solvers.nested_front import (
+from chkpt_opt.solvers.nested.fronts import (
     INF_BYTES,
     Entry,
     FrameMemo,
@@ -76,6 +75,7 @@ from chkpt_opt.solvers.nested_front import (
     split_outer,
     tail_run_bytes,
 )
+from chkpt_opt.solvers.nested.unit_chain import NO_STEPS, NestedChain
 
 NONE, KEY, ALWAYS = 0, 1, 2
 """How a frame's outer tensor is held past the frame's replay (see the module docstring)."""

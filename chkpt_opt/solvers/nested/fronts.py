@@ -1,4 +1,4 @@
-"""The bookkeeping of :mod:`chkpt_opt.solvers.nested_dp`'s DP: a frame's best plan, the DP's
+"""The bookkeeping of :mod:`chkpt_opt.solvers.nested.recurrence`'s DP: a frame's best plan, the DP's
 entries and their Pareto fronts, and how an outer tensor alive on part of a frame's steps
 passes to a child region."""
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.solvers.nested_chain import NestedChain, Plan, UnitOption
+from chkpt_opt.solvers.nested.unit_chain import NestedChain, Plan, UnitOption
 
 INF_BYTES = 1 << 62
 """No limit, in bytes."""
@@ -171,7 +171,7 @@ class FrameMemo:
 
 Way = tuple
 """How a unit runs as a plain piece of a frame: ``(piece, w, w_run, e, sin, sout, bwd,
-cost_s)``, its bytes in the roles of :class:`~chkpt_opt.solvers.nested_chain.NestedChain`'s
+cost_s)``, its bytes in the roles of :class:`~chkpt_opt.solvers.nested.unit_chain.NestedChain`'s
 facts; ``piece`` is None for the unit as it is, ``(unit, k)`` for its option ``k``."""
 
 

@@ -1,15 +1,15 @@
-"""The top frame of :mod:`chkpt_opt.solvers.nested_dp`'s DP: the forward pass, a partition
+"""The top frame of :mod:`chkpt_opt.solvers.nested.recurrence`'s DP: the forward pass, a partition
 of the whole chain into plain ops and outermost regions (each solved as a region's frame by
-:meth:`~chkpt_opt.solvers.nested_dp.NestedDp.frame`), closed by ``bwd_start``. Its pieces keep
-what their backward needs through everything after them, as in a region's frame, but nothing
+:meth:`~chkpt_opt.solvers.nested.recurrence.NestedDp.frame`), closed by ``bwd_start``. Its pieces
+keep what their backward needs through everything after them, as in a region's frame, but nothing
 outside holds bytes and nothing of it is recomputed. A plain unit of it may run one of its
-options instead (:mod:`~chkpt_opt.solvers.unit_options`: regions inside the unit)."""
+options instead (:mod:`~chkpt_opt.solvers.nested.unit_options`: regions inside the unit)."""
 
 from __future__ import annotations
 
-from chkpt_opt.solvers.nested_chain import Plan
-from chkpt_opt.solvers.nested_dp import ALWAYS, KEY, NestedDp
-from chkpt_opt.solvers.nested_front import Entry, pieces, prune
+from chkpt_opt.solvers.nested.fronts import Entry, pieces, prune
+from chkpt_opt.solvers.nested.recurrence import ALWAYS, KEY, NestedDp
+from chkpt_opt.solvers.nested.unit_chain import Plan
 
 
 def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:

@@ -10,12 +10,12 @@ execute, with the memory of every step exactly as :func:`chkpt_opt.op_sequence.l
 so the simulator) counts it: gradients alive, what plain ops save, what a checkpoint holds,
 the inputs of nested regions held while they run, replays outer-first with their early
 stop, the tail of backward steps before a replay. The
-recurrence is :mod:`~chkpt_opt.solvers.nested_dp`; the chain's facts
-:mod:`~chkpt_opt.solvers.nested_chain`.
+recurrence is :mod:`~chkpt_opt.solvers.nested.recurrence`; the chain's facts
+:mod:`~chkpt_opt.solvers.nested.unit_chain`.
 
 **Claim.** On a *simple chain* (each op reads the previous op's output and owns one output,
 views of that output and buffers of its own aside, as in VGG-like conv nets; see
-:mod:`~chkpt_opt.solvers.nested_chain`), the result is ``optimal`` over nested schedules
+:mod:`~chkpt_opt.solvers.nested.unit_chain`), the result is ``optimal`` over nested schedules
 whose region boundaries are allowed cuts between an op's views and the next op, that cache
 nothing (no selective-checkpoint policy), and whose regions each contain an op that saves
 something (a region without one is never recomputed and never helps);
@@ -33,7 +33,7 @@ block option's included, once each, as the simulator charges it (on CUDA, where
 **Blocks.** A graph that is no simple chain is planned as the chain of its blocks between
 separators (cuts that one storage crosses: a transformer's residual stream between its
 halves of blocks), each block's step bytes read off the op sequence
-(:mod:`~chkpt_opt.solvers.separator_chain`; ``blocks=False`` refuses such graphs). The space
+(:mod:`~chkpt_opt.solvers.nested.separator_chain`; ``blocks=False`` refuses such graphs). The space
 is then nested schedules with region boundaries at separators (``SEPARATOR_SPACE``), coarser
 than keep-set's cuts, so ``auto`` runs it only where no keep-set schedule fits. Where a
 block's bytes depend on how its input is held (its input freed before the block's peak
@@ -47,7 +47,7 @@ block may also run a keep-set schedule of its own (nested in the regions around 
 model is then conservative by the inputs its regions hold), chosen among the options
 that the hierarchical solver's block programs find (once per distinct block, with
 ``options_share`` of the time limit), each option's bytes read off the op sequence too
-(:mod:`~chkpt_opt.solvers.unit_options`; ``block_options=False`` leaves them out, and
+(:mod:`~chkpt_opt.solvers.nested.unit_options`; ``block_options=False`` leaves them out, and
 ``stats["block_options"]`` counts them). Other graphs are refused with a
 :class:`~chkpt_opt.errors.SolverError` (use ``nested`` or ``auto``).
 
@@ -98,18 +98,18 @@ from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.judge import check_prediction
 from chkpt_opt.solvers.interval.prepare import keep_all_result
-from chkpt_opt.solvers.nested_chain import (
+from chkpt_opt.solvers.nested.recurrence import INF_BYTES, NestedDp
+from chkpt_opt.solvers.nested.separator_chain import UNITS, separator_chain
+from chkpt_opt.solvers.nested.top_frame import top_plan
+from chkpt_opt.solvers.nested.unit_chain import (
     NestedChain,
     Plan,
     plan_schedule,
     schedule_plan,
     simple_chain,
 )
-from chkpt_opt.solvers.nested_dp import INF_BYTES, NestedDp
-from chkpt_opt.solvers.nested_top import top_plan
+from chkpt_opt.solvers.nested.unit_options import with_options
 from chkpt_opt.solvers.registry import register
-from chkpt_opt.solvers.separator_chain import UNITS, separator_chain
-from chkpt_opt.solvers.unit_options import with_options
 
 PEAK_STEPS = 20
 """The lowest-peak search climbs from a floor in steps of 1/20 of the budget (module
@@ -136,7 +136,7 @@ OPTIONS_SPACE = (
 
 def chain_of(graph: CostGraph, *, blocks: bool = True) -> NestedChain:
     """The chain dp_nested plans ``graph`` as: a simple chain, or else (``blocks``) its
-    blocks between separators (:mod:`~chkpt_opt.solvers.separator_chain`).
+    blocks between separators (:mod:`~chkpt_opt.solvers.nested.separator_chain`).
 
     Raises:
         SolverError: naming why ``graph`` is neither.
@@ -215,9 +215,9 @@ class DpNestedSolver:
         coarse_phases: also solve over every phase of each coarse stride and of the stride
             one shorter (:func:`_stages`).
         blocks: plan a graph that is no simple chain as its blocks between separators
-            (:mod:`~chkpt_opt.solvers.separator_chain`); False refuses it.
+            (:mod:`~chkpt_opt.solvers.nested.separator_chain`); False refuses it.
         block_options: over blocks, let a block in no region run a keep-set schedule of
-            its own (:mod:`~chkpt_opt.solvers.unit_options`).
+            its own (:mod:`~chkpt_opt.solvers.nested.unit_options`).
         options_share: the fraction of the time limit the block options' programs get.
         seed: CP-SAT seed of those programs.
     """
