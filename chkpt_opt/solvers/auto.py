@@ -39,7 +39,7 @@ proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"`
 where the keep-set result meets the recompute bound (or, nothing fitting, its floor), which
 holds over every schedule: the search stops there (``"every_schedule"``). Right after the
 bound (where keep-all does not fit), the cached ops that the recompute bound's LP keeps are
-rounded into regions (:mod:`~chkpt_opt.solvers.cache_rounding`: selective-checkpoint
+rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
 schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
 The keep-set stages stop at 90% of the limit (``general_share``); in the time left,
@@ -77,7 +77,7 @@ from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
 from chkpt_opt.solvers.blocks.repeated import find_blocks
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
-from chkpt_opt.solvers.cache_rounding import cache_rounding
+from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
 from chkpt_opt.solvers.chain.cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS

@@ -85,9 +85,9 @@ _BUILTIN: dict[str, str] = {
     "dp_chain": "chkpt_opt.solvers.chain.dp_chain",
     "pruned": "chkpt_opt.solvers.keepset.pruned",
     "nested": "chkpt_opt.solvers.nested.shape_search",
-    "cached": "chkpt_opt.solvers.caching",
+    "cached": "chkpt_opt.solvers.cached.local_search",
     "dp_nested": "chkpt_opt.solvers.nested.dp_nested",
-    "milp_cached": "chkpt_opt.solvers.milp_cached",
+    "milp_cached": "chkpt_opt.solvers.cached.milp_cached",
 }
 _UNAVAILABLE: dict[str, str] = {}
 """Solver name -> why its module cannot be imported here (OR-Tools missing)."""

@@ -29,7 +29,7 @@ roofline costs) at 63% of the keep-all peak it finds 0.020 s of recompute in 2 s
 
     python -c "import chkpt_opt; from chkpt_opt.zoo import huggingface as h
     from chkpt_opt.solvers.auto import AutoSolver
-    from chkpt_opt.solvers.cache_rounding import cache_rounding
+    from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
     m, a, _ = h.llama(); g = chkpt_opt.trace(m, a)
     b = int(0.63 * chkpt_opt.simulate(g, chkpt_opt.Schedule()).peak_bytes)
     print(cache_rounding(g, b).objective,
