@@ -1,4 +1,5 @@
-"""Exact pruning of the every-cut interval program (solvers.pruned, solvers.reductions).
+"""Exact pruning of the every-cut interval program (solvers.keepset.pruned,
+solvers.bounds.reductions).
 
 The cost-pruned model is the full model less its intervals over the cap, built without ever
 building them; restricting a model to a set of intervals gives what the builder would build
