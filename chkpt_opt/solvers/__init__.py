@@ -1,5 +1,11 @@
 """Solvers: each a value found by name in the registry. No torch here.
 
+One subpackage per family of schedule space, each saying what it searches and proves:
+``interval`` (the keep-set interval model and its program), ``heuristics``, ``engines``,
+``bounds``, ``chain`` (``dp_chain``), ``blocks`` (``hierarchical``), ``keepset`` (the exact
+keep-set programs), ``nested``, ``cached``; the shared plumbing here, and ``auto``, the only
+composer (docs/architecture.md draws the layers).
+
 Units: a solver takes and reports activation bytes (what the forward and backward passes
 create, ``simulate(graph, schedule).peak_bytes``); ``chkpt_opt.solve`` takes a whole-step
 budget and reports both.
