@@ -29,7 +29,7 @@ from chkpt_opt.graphs.io import load_graph  # noqa: E402
 from chkpt_opt.schedule import Schedule  # noqa: E402
 from chkpt_opt.simulate import simulate  # noqa: E402
 from chkpt_opt.solvers import SolveResult, get_solver  # noqa: E402
-from chkpt_opt.solvers.cache_rounding import cache_rounding  # noqa: E402
+from chkpt_opt.solvers.cached.cache_rounding import cache_rounding  # noqa: E402
 from chkpt_opt.solvers.deadline import Deadline  # noqa: E402
 
 BUDGETS = (0.9, 0.7, 0.5, 0.3)

@@ -13,7 +13,7 @@ but for the time limit) and each of its own layouts
 activation checkpointing), at that layout's simulated peak:
 
 * the layout's recompute time (the simulator's);
-* the cached-op rounding's (:mod:`chkpt_opt.solvers.cache_rounding`), and its time;
+* the cached-op rounding's (:mod:`chkpt_opt.solvers.cached.cache_rounding`), and its time;
 * ``auto``'s within the time limit, its status, the solver it chose, and what its keep-set
   stage found (``stats["keep_set"]``: what keep-set schedules alone reach);
 * ``auto`` over the layout (at most 1: chkpt_opt recomputes no more than the layout).
@@ -34,7 +34,7 @@ from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver
-from chkpt_opt.solvers.cache_rounding import cache_rounding
+from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
 from chkpt_opt.zoo import huggingface as hf_zoo
 
 ROOT = Path(__file__).resolve().parent.parent

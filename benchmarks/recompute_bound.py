@@ -5,7 +5,7 @@ Run:
     python benchmarks/recompute_bound.py --hf --time-limit 20  # HF graphs, auto beside it
 
 For every corpus graph (``graphs/*.json``) and budget (a fraction of the keep-all peak), the
-recompute bound of :mod:`chkpt_opt.solvers.recompute_bound` (its value, time and floor)
+recompute bound of :mod:`chkpt_opt.solvers.bounds.recompute_bound` (its value, time and floor)
 beside the proven optimum that ``auto`` reached in the corpus bench
 (``benchmarks/results/bench/results.csv``, 60 s per solve); with ``--hf``, the Hugging Face
 families of :mod:`chkpt_opt.zoo.huggingface` traced (6 layers of width 256, no weights
@@ -28,8 +28,8 @@ from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver
+from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.recompute_bound import recompute_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = [

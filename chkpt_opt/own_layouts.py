@@ -4,13 +4,13 @@ What a user runs instead of chkpt_opt, read off a cost graph, so that a plan can
 with it in the same cost model:
 
 * ``"layers"``: a region per layer, what ``model.gradient_checkpointing_enable()`` does on a
-  Hugging Face model (the layers are :func:`~chkpt_opt.solvers.blocks.layer_spans`);
+  Hugging Face model (the layers are :func:`~chkpt_opt.solvers.blocks.repeated.layer_spans`);
 * ``"layers, matmuls cached"``: those regions caching their matmuls' outputs
   (:data:`MATMUL_OPS`, where a region may cache them), what selective activation
   checkpointing does (torchtitan's op list, PyTorch's ``MUST_SAVE`` policy per op).
 
 The solvers know nothing of these layouts by name: the cached-op rounding's family holds
-them (:mod:`chkpt_opt.solvers.cache_rounding`). At each layout's own peak,
+them (:mod:`chkpt_opt.solvers.cached.cache_rounding`). At each layout's own peak,
 ``tests/test_cache_rounding.py`` checks that the rounding recomputes no more than the
 layout, and ``benchmarks/own_layouts.py`` measures what ``auto`` recomputes against it.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule, cache_candidates
-from chkpt_opt.solvers.blocks import layer_spans
+from chkpt_opt.solvers.blocks.repeated import layer_spans
 
 MATMUL_OPS = frozenset(
     {"linear", "mm", "addmm", "bmm", "matmul", "convolution", "scaled_dot_product_attention"}
@@ -35,7 +35,7 @@ MATMUL_OPS = frozenset(
 
 def own_layouts(graph: CostGraph) -> dict[str, Schedule]:
     """The layouts of the module docstring by name, in that order; empty where the graph
-    has no layers (:func:`~chkpt_opt.solvers.blocks.layer_spans`)."""
+    has no layers (:func:`~chkpt_opt.solvers.blocks.repeated.layer_spans`)."""
     spans = layer_spans(graph)
     if not spans:
         return {}

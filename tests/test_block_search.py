@@ -11,12 +11,12 @@ import pytest
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers.block_search import BlockSearch
-from chkpt_opt.solvers.blocks import find_blocks
-from chkpt_opt.solvers.bound_rounding import bound_rounding
+from chkpt_opt.solvers.blocks.repeated import find_blocks
+from chkpt_opt.solvers.blocks.search import BlockSearch
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.greedy_sweep import greedy_sweep
-from chkpt_opt.solvers.warm_start import incumbent
+from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
+from chkpt_opt.solvers.keepset.bound_rounding import bound_rounding
+from chkpt_opt.solvers.keepset.warm_start import incumbent
 from tests.conftest import assert_valid_result
 
 pytest.importorskip("transformers")

@@ -14,10 +14,10 @@ from chkpt_opt.graphs.synthetic import random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import auto, get_solver
-from chkpt_opt.solvers.bound_rounding import bound_rounding
-from chkpt_opt.solvers.cache_rounding import cache_rounding
+from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
+from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.recompute_bound import recompute_bound
+from chkpt_opt.solvers.keepset.bound_rounding import bound_rounding
 from tests.conftest import assert_valid_result
 
 CORPUS = Path(__file__).resolve().parent.parent / "graphs"

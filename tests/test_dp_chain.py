@@ -32,19 +32,19 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
-from chkpt_opt.solvers.dp_chain import ChainModel, run_dp
+from chkpt_opt.solvers.chain.dp_chain import ChainModel, run_dp
 from chkpt_opt.solvers.engines.cpsat_engine import build_cp_model, make_solver
-from chkpt_opt.solvers.enumerate import best_for_budget, evaluate_all, pareto_front
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_program import build_program
-from chkpt_opt.solvers.reference.revolve import (
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.keepset.enumerate import best_for_budget, evaluate_all, pareto_front
+from tests.conftest import REL, assert_valid_result
+from tests.reference.revolve import (
     homogeneous_chain,
     repetition_number,
     revolve_forward_steps,
     revolve_forward_steps_recursive,
     revolve_reference,
 )
-from tests.conftest import REL, assert_valid_result
 
 CORPUS = Path(__file__).resolve().parents[1] / "graphs"
 

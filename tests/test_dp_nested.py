@@ -18,10 +18,10 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
-from chkpt_opt.solvers.dp_nested import _stages, predict
-from chkpt_opt.solvers.reference.general_enumerate import general_schedules
+from chkpt_opt.solvers.nested.dp_nested import _stages, predict
 from tests.conftest import assert_valid_result, deep_chain_at_three_quarters
 from tests.general_schedules import random_general_schedule
+from tests.reference.general_enumerate import general_schedules
 
 
 def random_chain(n: int, rng: random.Random) -> CostGraph:

@@ -15,7 +15,7 @@ from chkpt_opt.measure import measure_step
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
-from chkpt_opt.solvers.separator_chain import UNITS, separators
+from chkpt_opt.solvers.nested.separator_chain import UNITS, separators
 from tests.conftest import MODELS, budget_at, smallest_plan
 
 N_BUDGETS = 3

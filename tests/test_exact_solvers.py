@@ -21,17 +21,17 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
-from chkpt_opt.solvers.enumerate import (
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.model import simulator_slot_bytes
+from chkpt_opt.solvers.keepset.enumerate import (
     Evaluated,
     best_for_budget,
     count_schedules,
     evaluate_all,
     pareto_front,
 )
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_model import simulator_slot_bytes
-from chkpt_opt.solvers.reference.bounds import max_saving, min_feasible_budget
 from tests.conftest import REL, assert_valid_result, random_interval_choice
+from tests.reference.bounds import max_saving, min_feasible_budget
 
 SOLVERS_DIR = Path(__file__).resolve().parents[1] / "chkpt_opt" / "solvers"
 
@@ -498,7 +498,7 @@ def gpt_graphs() -> dict[int, CostGraph]:
 
 
 def test_find_blocks_on_a_decoder(gpt_graphs) -> None:
-    from chkpt_opt.solvers.blocks import find_blocks, phase_shifts
+    from chkpt_opt.solvers.blocks.repeated import find_blocks, phase_shifts
 
     graph = gpt_graphs[3]
     blocks = find_blocks(graph)
@@ -514,7 +514,7 @@ def test_find_blocks_on_a_decoder(gpt_graphs) -> None:
 def test_block_split_predicts_the_simulated_peak(gpt_graphs) -> None:
     """``max_j (P_j + sum_{i<j} K_i)`` equals the simulator's peak for random schedules whose
     regions stay inside segments, for every phase."""
-    from chkpt_opt.solvers.blocks import evaluate, find_blocks, phase_shifts, split_model
+    from chkpt_opt.solvers.blocks.repeated import evaluate, find_blocks, phase_shifts, split_model
 
     graph = gpt_graphs[3]
     base = find_blocks(graph)

@@ -13,8 +13,8 @@ from chkpt_opt.measure import measure_step
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver
-from chkpt_opt.solvers.reference.general_enumerate import general_optimum, general_smallest_peak
 from tests.conftest import assert_valid_result, deep_chain_at_three_quarters
+from tests.reference.general_enumerate import general_optimum, general_smallest_peak
 
 TINY = {
     "chain4": lambda: chain_graph(4, activation_bytes=1000),

@@ -14,11 +14,11 @@ from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import check_schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_cache import CacheColumns
-from chkpt_opt.solvers.interval_model import simulator_slot_bytes
-from chkpt_opt.solvers.reference.general_enumerate import general_schedules
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.cache_columns import CacheColumns
+from chkpt_opt.solvers.interval.model import simulator_slot_bytes
 from tests.conftest import REL, random_interval_choice
+from tests.reference.general_enumerate import general_schedules
 
 CORPUS = Path(__file__).resolve().parent.parent / "graphs"
 

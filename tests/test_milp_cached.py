@@ -15,9 +15,9 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
-from chkpt_opt.solvers.interval_cache import CacheColumns
-from chkpt_opt.solvers.reference.general_enumerate import general_optimum, general_schedules
+from chkpt_opt.solvers.interval.cache_columns import CacheColumns
 from tests.conftest import REL, assert_valid_result
+from tests.reference.general_enumerate import general_optimum, general_schedules
 
 CORPUS = Path(__file__).resolve().parent.parent / "graphs"
 

@@ -1,4 +1,5 @@
-"""Exact pruning of the every-cut interval program (solvers.pruned, solvers.reductions).
+"""Exact pruning of the every-cut interval program (solvers.keepset.pruned,
+solvers.bounds.reductions).
 
 The cost-pruned model is the full model less its intervals over the cap, built without ever
 building them; restricting a model to a set of intervals gives what the builder would build
@@ -21,14 +22,14 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers.bounds.reductions import cost_cap, reduced_cost_fixing, restrict
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.milp_engine import solve_milp
-from chkpt_opt.solvers.enumerate import best_for_budget, evaluate_all, pareto_front
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_program import build_program
-from chkpt_opt.solvers.judge import finish
-from chkpt_opt.solvers.prepare import Prepared
-from chkpt_opt.solvers.reductions import cost_cap, reduced_cost_fixing, restrict
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.judge import finish
+from chkpt_opt.solvers.interval.prepare import Prepared
+from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.keepset.enumerate import best_for_budget, evaluate_all, pareto_front
 from tests.conftest import REL, assert_valid_result
 
 

@@ -16,10 +16,10 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver, smallest_peak
+from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.recompute_bound import recompute_bound
-from chkpt_opt.solvers.reference.general_enumerate import general_optimum, general_smallest_peak
 from tests.general_schedules import random_general_schedule
+from tests.reference.general_enumerate import general_optimum, general_smallest_peak
 
 CORPUS = Path(__file__).resolve().parent.parent / "graphs"
 SLACK = 1e-12

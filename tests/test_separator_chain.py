@@ -1,4 +1,4 @@
-"""dp_nested on graphs cut at their separators (solvers/separator_chain.py): the bytes read
+"""dp_nested on graphs cut at their separators (solvers/nested/separator_chain.py): the bytes read
 off the op sequence equal the simple chain's where both apply, the DP never counts a plan
 below the simulator and counts it exactly where the chain says so, and its optimum equals
 brute force over the same space on small residual graphs."""
@@ -15,14 +15,14 @@ from chkpt_opt.graphs.synthetic import random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
-from chkpt_opt.solvers.dp_nested import SEPARATOR_SPACE, predict
-from chkpt_opt.solvers.nested_chain import (
+from chkpt_opt.solvers.nested.dp_nested import SEPARATOR_SPACE, predict
+from chkpt_opt.solvers.nested.separator_chain import UNITS, separator_chain
+from chkpt_opt.solvers.nested.unit_chain import (
     NO_STEPS,
     Plan,
     plan_schedule,
     simple_chain,
 )
-from chkpt_opt.solvers.separator_chain import UNITS, separator_chain
 from tests.conftest import assert_valid_result
 from tests.test_dp_nested import random_chain, random_unit_chain
 

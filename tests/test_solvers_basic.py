@@ -102,7 +102,7 @@ def test_solve_reports_activation_bytes_with_the_whole_step_beside_them() -> Non
 def test_smallest_peak_is_one_quantity() -> None:
     from chkpt_opt.api import smallest_peak as api_smallest_peak
     from chkpt_opt.solvers import smallest_peak
-    from chkpt_opt.solvers.reference.bounds import min_feasible_budget
+    from tests.reference.bounds import min_feasible_budget
 
     assert chkpt_opt.smallest_peak is smallest_peak is api_smallest_peak
     g = random_dag(12, seed=4, skip_prob=0.5, max_inputs=3)

@@ -15,15 +15,15 @@ from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver, smallest_peak
+from chkpt_opt.solvers.bounds.lowest_peak import lowest_peak
 from chkpt_opt.solvers.deadline import GRACE_S, Deadline, DeadlineExceeded, run_within
-from chkpt_opt.solvers.dp_nested import chain_of
 from chkpt_opt.solvers.engines import milp_engine
 from chkpt_opt.solvers.engines.cpsat_engine import run_cp, solve_cp
-from chkpt_opt.solvers.interval_builder import build_interval_model
-from chkpt_opt.solvers.interval_program import build_program
-from chkpt_opt.solvers.lowest_peak import lowest_peak
-from chkpt_opt.solvers.prepare import Prepared, prepare
-from chkpt_opt.solvers.unit_options import with_options
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.prepare import Prepared, prepare
+from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.nested.dp_nested import chain_of
+from chkpt_opt.solvers.nested.unit_options import with_options
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
 LIMIT_S = 6.0

@@ -1,4 +1,4 @@
-"""dp_nested's block options (solvers/unit_options.py): keep-set schedules inside the blocks
+"""dp_nested's block options (solvers/nested/unit_options.py): keep-set schedules inside the blocks
 of a separator chain, weighed by the top frame. Their bytes are read off the op sequence;
 the DP's optimum equals brute force over region trees and options on small graphs, and
 adding them never makes a plan costlier."""
@@ -17,10 +17,15 @@ from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.deadline import NO_DEADLINE
-from chkpt_opt.solvers.dp_nested import OPTIONS_SPACE, SEPARATOR_SPACE, evaluate_plan, predict
-from chkpt_opt.solvers.nested_chain import NestedChain, Plan, plan_schedule
-from chkpt_opt.solvers.separator_chain import separator_chain, separators
-from chkpt_opt.solvers.unit_options import with_options
+from chkpt_opt.solvers.nested.dp_nested import (
+    OPTIONS_SPACE,
+    SEPARATOR_SPACE,
+    evaluate_plan,
+    predict,
+)
+from chkpt_opt.solvers.nested.separator_chain import separator_chain, separators
+from chkpt_opt.solvers.nested.unit_chain import NestedChain, Plan, plan_schedule
+from chkpt_opt.solvers.nested.unit_options import with_options
 from tests.conftest import assert_valid_result
 from tests.test_separator_chain import _all_plans, _random_plan
 

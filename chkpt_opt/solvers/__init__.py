@@ -1,5 +1,11 @@
 """Solvers: each a value found by name in the registry. No torch here.
 
+One subpackage per family of schedule space, each saying what it searches and proves:
+``interval`` (the keep-set interval model and its program), ``heuristics``, ``engines``,
+``bounds``, ``chain`` (``dp_chain``), ``blocks`` (``hierarchical``), ``keepset`` (the exact
+keep-set programs), ``nested``, ``cached``; the shared plumbing here, and ``auto``, the only
+composer (docs/architecture.md draws the layers).
+
 Units: a solver takes and reports activation bytes (what the forward and backward passes
 create, ``simulate(graph, schedule).peak_bytes``); ``chkpt_opt.solve`` takes a whole-step
 budget and reports both.
@@ -26,9 +32,9 @@ def smallest_peak(
     ``stats["min_feasible_proven"]`` says whether no keep-set schedule has a lower peak, and
     ``stats["min_feasible_lower_bytes"]`` is a proven lower bound where one is known. A
     schedule beyond keep-set (nested regions) comes with the floor of
-    :mod:`chkpt_opt.solvers.recompute_bound` as its lower bound, which holds over every
+    :mod:`chkpt_opt.solvers.bounds.recompute_bound` as its lower bound, which holds over every
     schedule (``min_feasible_proven`` when the peak meets it).
-    (:func:`chkpt_opt.solvers.reference.bounds.min_feasible_budget` reads the keep-set
+    (``min_feasible_budget`` of the tests' ``tests/reference/bounds.py`` reads the keep-set
     result as a typed value.)
     """
     auto = get_solver("auto", general=general, nesting=nesting)

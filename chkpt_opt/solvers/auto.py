@@ -10,7 +10,7 @@ fallback), then the exact solver that fits the graph and the time limit:
 * ``pruned`` when the graph has more than ``pruned_min_positions`` allowed cuts and at most
   ``pruned_max_ops`` ops: an incumbent from greedy and
   (on repeated blocks) the hierarchical solver, then the MILP over every cut after exact
-  pruning (:mod:`chkpt_opt.solvers.pruned`); measured on the corpus graphs of 184-298 ops at
+  pruning (:mod:`chkpt_opt.solvers.keepset.pruned`); measured on the corpus graphs of 184-298 ops at
   budgets 0.9-0.3 of the keep-all peak: proven optimal within 60 s, where the flat solvers
   over a subset of cuts had no bound. From 64 cuts on it also beats flat CP-SAT over every
   cut (``python benchmarks/auto_choice.py --time-limit 8``): on unet_large, resnet_large
@@ -29,7 +29,7 @@ proof (:attr:`~chkpt_opt.solvers.base.SolveResult.proven`: optimal, or infeasibl
 proof), whichever solver gave it. The best result wins (cheapest that fits, else lowest
 peak); its status is honest: ``optimal`` only when proven (a result that meets the best
 proven bound of any solver counts), ``feasible`` with the best bound otherwise. Beside the
-solvers' bounds counts the recompute bound (:mod:`chkpt_opt.solvers.recompute_bound`,
+solvers' bounds counts the recompute bound (:mod:`chkpt_opt.solvers.bounds.recompute_bound`,
 ``stats["recompute_bound"]``): an LP over the storages of the keep-all op sequence, computed
 first in at most 15% of the limit, which gives graphs too large for the integer
 programs a proven gap, and proves a budget below every schedule's peak infeasible.
@@ -39,7 +39,7 @@ proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"`
 where the keep-set result meets the recompute bound (or, nothing fitting, its floor), which
 holds over every schedule: the search stops there (``"every_schedule"``). Right after the
 bound (where keep-all does not fit), the cached ops that the recompute bound's LP keeps are
-rounded into regions (:mod:`~chkpt_opt.solvers.cache_rounding`: selective-checkpoint
+rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
 schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
 The keep-set stages stop at 90% of the limit (``general_share``); in the time left,
@@ -75,13 +75,13 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
-from chkpt_opt.solvers.blocks import find_blocks
-from chkpt_opt.solvers.cache_rounding import cache_rounding
-from chkpt_opt.solvers.chain_cuts import chain_cuts
+from chkpt_opt.solvers.blocks.repeated import find_blocks
+from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
+from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
+from chkpt_opt.solvers.chain.cuts import chain_cuts
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.enumerate import count_schedules
-from chkpt_opt.solvers.prepare import DEFAULT_MAX_POSITIONS
-from chkpt_opt.solvers.recompute_bound import RecomputeBound, recompute_bound
+from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.keepset.enumerate import count_schedules
 from chkpt_opt.solvers.registry import get_solver, register
 
 PRUNED_MIN_POSITIONS = 64
@@ -394,7 +394,7 @@ def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> boo
 
 
 def _cover_stats(cover: RecomputeBound) -> dict[str, object]:
-    """What :func:`~chkpt_opt.solvers.recompute_bound.recompute_bound` found, as stats."""
+    """What :func:`~chkpt_opt.solvers.bounds.recompute_bound.recompute_bound` found, as stats."""
     return {
         "bound_s": cover.bound_s,
         "floor_bytes": cover.floor_bytes,

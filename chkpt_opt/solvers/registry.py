@@ -71,35 +71,37 @@ def get_solver(name: str | Solver, **settings: Any) -> Solver:
         ) from None
 
 
-_BUILTIN = (
-    "keep_all",
-    "greedy",
-    "sqrt",
-    "enumerate",
-    "auto",
-    "cpsat",
-    "milp",
-    "lp_round",
-    "hierarchical",
-    "dp_chain",
-    "pruned",
-    "nested",
-    "caching",
-    "dp_nested",
-    "milp_cached",
-)
+_BUILTIN: dict[str, str] = {
+    # solver name -> the module that registers it
+    "keep_all": "chkpt_opt.solvers.heuristics.keep_all",
+    "greedy": "chkpt_opt.solvers.heuristics.greedy",
+    "sqrt": "chkpt_opt.solvers.heuristics.sqrt",
+    "enumerate": "chkpt_opt.solvers.keepset.enumerate",
+    "auto": "chkpt_opt.solvers.auto",
+    "cpsat": "chkpt_opt.solvers.keepset.cpsat",
+    "milp": "chkpt_opt.solvers.keepset.milp",
+    "lp_round": "chkpt_opt.solvers.keepset.lp_round",
+    "hierarchical": "chkpt_opt.solvers.blocks.hierarchical",
+    "dp_chain": "chkpt_opt.solvers.chain.dp_chain",
+    "pruned": "chkpt_opt.solvers.keepset.pruned",
+    "nested": "chkpt_opt.solvers.nested.shape_search",
+    "cached": "chkpt_opt.solvers.cached.local_search",
+    "dp_nested": "chkpt_opt.solvers.nested.dp_nested",
+    "milp_cached": "chkpt_opt.solvers.cached.milp_cached",
+}
 _UNAVAILABLE: dict[str, str] = {}
+"""Solver name -> why its module cannot be imported here (OR-Tools missing)."""
 
 
 def _load_builtin() -> None:
     # Importing the modules registers their solvers. The exact solvers need OR-Tools; on a
     # machine without it they are reported unavailable and the others still work.
-    for module in _BUILTIN:
-        if module in _REGISTRY or module in _UNAVAILABLE:
+    for name, module in _BUILTIN.items():
+        if name in _REGISTRY or name in _UNAVAILABLE:
             continue
         try:
-            importlib.import_module(f"chkpt_opt.solvers.{module}")
+            importlib.import_module(module)
         except ImportError as err:
             if "ortools" not in str(err):
                 raise
-            _UNAVAILABLE[module] = str(err)
+            _UNAVAILABLE[name] = str(err)

@@ -1,7 +1,7 @@
 """The CP-SAT engine: the interval program as a CP-SAT model, solved; a program in, an
-:class:`~chkpt_opt.solvers.judge.Outcome` (interval ids, proofs, bound) out.
+:class:`~chkpt_opt.solvers.interval.judge.Outcome` (interval ids, proofs, bound) out.
 
-The program is the one of :mod:`chkpt_opt.solvers.interval_program`: 0/1 variables choosing
+The program is the one of :mod:`chkpt_opt.solvers.interval.program`: 0/1 variables choosing
 the regions (a path through the cut positions), 0/1 variables for how long each forward
 storage lives, and the memory of every slot of the forward and backward timeline kept under
 the budget. Two forms of the memory constraint are available:
@@ -16,7 +16,7 @@ Both are exact and agree (tests). The linear form is the default: measured 2 to 
 faster on 2 cores (random DAGs of 20-80 ops, traced GPT/ResNet/U-Net/MLP of 29-58 ops, four
 budgets each; e.g. a 34-op MLP: 1.2 s against 50-60 s per budget, and the cumulative form left
 gaps open at 60 s on an 80-op DAG), because its LP relaxation is much stronger. The objective
-is the recompute time in integer units (see :mod:`~chkpt_opt.solvers.interval_program`). With
+is the recompute time in integer units (see :mod:`~chkpt_opt.solvers.interval.program`). With
 a single worker the search is deterministic for a fixed ``seed``.
 
 Time limits: the long rows go straight into the model's proto (built as expressions, the
@@ -39,8 +39,8 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded, run_within
-from chkpt_opt.solvers.interval_program import IntervalProgram, ProgramVariables
-from chkpt_opt.solvers.judge import Outcome
+from chkpt_opt.solvers.interval.judge import Outcome
+from chkpt_opt.solvers.interval.program import IntervalProgram, ProgramVariables
 
 DEFAULT_FORMULATION = "linear"
 FORMULATIONS = ("linear", "cumulative")
@@ -351,7 +351,7 @@ def solve_cp(
             what the build leaves).
         linearization_level: CP-SAT's ``linearization_level`` (None: its default). At 2 its
             LP relaxation proves the small pruned programs of
-            :mod:`~chkpt_opt.solvers.pruned` (measured: a 637-interval program of
+            :mod:`~chkpt_opt.solvers.keepset.pruned` (measured: a 637-interval program of
             gpt_reference at 0.9 of the peak proven in 0.1 s, 7.4 s at the default).
     """
     stats: dict[str, Any] = {"formulation": formulation, "cost_scale": program.cost_scale}

@@ -14,8 +14,8 @@ from ortools.linear_solver import pywraplp
 
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.engines.milp_engine import MilpVariables, build_milp
-from chkpt_opt.solvers.interval_model import IntervalModel
-from chkpt_opt.solvers.interval_program import IntervalProgram
+from chkpt_opt.solvers.interval.model import IntervalModel
+from chkpt_opt.solvers.interval.program import IntervalProgram
 
 LP_TOLERANCE = 1e-7
 """Relative allowance for GLOP's tolerances when its optimum is reported as a bound."""

@@ -1,9 +1,9 @@
 """The MILP engine: the interval program through ``ortools.linear_solver.pywraplp``, solved
 by a backend bundled with OR-Tools (HiGHS or SCIP); a program in, an
-:class:`~chkpt_opt.solvers.judge.Outcome` out.
+:class:`~chkpt_opt.solvers.interval.judge.Outcome` out.
 
 The same program as the CP-SAT engine (linear form). The objective is the recompute time in
-the float units of :attr:`~chkpt_opt.solvers.interval_program.IntervalProgram.float_scale`
+the float units of :attr:`~chkpt_opt.solvers.interval.program.IntervalProgram.float_scale`
 (well conditioned); the relative and absolute gaps are set to 0, so ``optimal`` means proven.
 The backend works with tolerances; the solution is therefore rounded to 0/1, evaluated
 exactly by the interval model, and when the rounded solution exceeds the budget by a few
@@ -32,8 +32,8 @@ from ortools.linear_solver import pywraplp
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded, run_within
-from chkpt_opt.solvers.interval_program import IntervalProgram, ProgramVariables
-from chkpt_opt.solvers.judge import Outcome
+from chkpt_opt.solvers.interval.judge import Outcome
+from chkpt_opt.solvers.interval.program import IntervalProgram, ProgramVariables
 
 BACKENDS = {"highs": "HIGHS", "scip": "SCIP"}
 DEFAULT_BACKEND = "highs"

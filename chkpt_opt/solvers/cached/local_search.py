@@ -1,0 +1,180 @@
+"""Per-op save or recompute inside regions: local search from a schedule.
+
+Outside every region an op keeps what its backward needs, which for a cheap op between two
+expensive ones (a ReLU or a pool between convolutions) is a whole activation kept to save
+almost no compute. A region that takes in that op *and caches the expensive consumer's
+outputs* (a selective-checkpoint ``MUST_SAVE``) keeps only the consumer's output and
+recomputes the cheap op from a tensor kept anyway. Keep-set schedules cannot say this.
+
+Starting from a schedule (the caller's warm start, else the greedy heuristic's keep-set
+schedule at the same budget), the search moves one step at a time to the best neighbour,
+judged by the simulator: cache or uncache one op of a region, or move a boundary of an
+outermost region to the next allowed cut (taking in or giving out ops, the ops taken in
+cached or not), or open a new region between two allowed cuts. It stops when no
+neighbour is better (cheaper while fitting; a lower peak while nothing fits) or at the
+time limit. The start is a neighbour of itself, so the result
+is never worse than the warm start. A heuristic: ``feasible`` at best, no bound.
+
+Example:
+    >>> from chkpt_opt.graphs.synthetic import chain_graph
+    >>> g = chain_graph(8, activation_bytes=1000)
+    >>> r = CachingSolver()(g, 10**9)
+    >>> r.feasible
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from chkpt_opt.errors import ScheduleError
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.schedule import (
+    Schedule,
+    cache_candidates,
+    cacheable_ops,
+    caching_allowed,
+    check_schedule,
+    cut_positions,
+)
+from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
+from chkpt_opt.solvers.registry import register
+
+
+def neighbours(graph: CostGraph, schedule: Schedule, allowed: frozenset[str]) -> Iterator[Schedule]:
+    """Schedules one move away from ``schedule`` (possibly invalid ones; the caller checks)."""
+    order = ordered_nodes(graph)
+    n = len(order)
+    for name in cache_candidates(graph, schedule):
+        if name in schedule.saved:
+            yield Schedule(schedule.regions, schedule.nested, schedule.saved - {name})
+        else:
+            yield Schedule(schedule.regions, schedule.nested, schedule.saved | {name})
+    ok = cut_positions(graph)
+    spans = schedule.spans(graph)
+    # A new region over each run of ops between two allowed cuts outside every region,
+    # plain or with its ops cached.
+    free = [p for p in range(n + 1) if ok[p] and not any(a < p < b for a, b in spans)]
+    for a, b in itertools.pairwise(free):
+        if any(a < y and b > x for x, y in spans):
+            continue
+        regions = tuple(sorted((*schedule.regions, tuple(order[a:b])), key=_first(graph)))
+        yield Schedule(regions, schedule.nested, schedule.saved)
+        new = frozenset(order[i] for i in range(a, b) if order[i] in allowed)
+        if new and caching_allowed(graph, a, b):
+            yield Schedule(regions, schedule.nested, schedule.saved | new)
+    for r, (start, stop) in enumerate(spans):
+        lower = spans[r - 1][1] if r > 0 else 0
+        upper = spans[r + 1][0] if r + 1 < len(spans) else n
+        inside_nested = any(a < stop and b > start for a, b in _nested_spans(graph, schedule))
+        moves = []
+        grow_right = next((p for p in range(stop + 1, upper + 1) if ok[p]), None)
+        grow_left = next((p for p in range(start - 1, lower - 1, -1) if ok[p]), None)
+        if grow_right is not None:
+            moves.append((start, grow_right, range(stop, grow_right)))
+        if grow_left is not None:
+            moves.append((grow_left, stop, range(grow_left, start)))
+        if not inside_nested:
+            shrink_right = next((p for p in range(stop - 1, start, -1) if ok[p]), None)
+            shrink_left = next((p for p in range(start + 1, stop) if ok[p]), None)
+            if shrink_right is not None:
+                moves.append((start, shrink_right, range(0)))
+            if shrink_left is not None:
+                moves.append((shrink_left, stop, range(0)))
+        for a, b, taken in moves:
+            regions = list(schedule.regions)
+            regions[r] = tuple(order[a:b])
+            kept = frozenset(s for s in schedule.saved if a <= graph.nodes[s]["index"] < b)
+            rest = frozenset(
+                s
+                for s in schedule.saved
+                if not spans[r][0] <= graph.nodes[s]["index"] < spans[r][1]
+            )
+            base = Schedule(tuple(regions), schedule.nested, kept | rest)
+            yield base
+            new = frozenset(order[i] for i in taken if order[i] in allowed)
+            if new and caching_allowed(graph, a, b):
+                yield Schedule(base.regions, base.nested, base.saved | new)
+
+
+def _first(graph: CostGraph) -> Callable[[tuple[str, ...]], int]:
+    return lambda region: graph.nodes[region[0]]["index"]
+
+
+def _nested_spans(graph: CostGraph, schedule: Schedule) -> list[tuple[int, int]]:
+    return [
+        (graph.nodes[r[0]]["index"], graph.nodes[r[0]]["index"] + len(r)) for r in schedule.nested
+    ]
+
+
+@register("cached", "local search over cached ops and region boundaries from a warm start")
+@dataclass(frozen=True)
+class CachingSolver:
+    """Per-op save/recompute decisions from a warm start (a heuristic; no bound).
+
+    Attributes:
+        warm_start: the schedule to start from; None: greedy's schedule at the budget.
+        max_moves: most improving moves taken.
+    """
+
+    warm_start: Schedule | None = None
+    max_moves: int = 200
+    name: str = "cached"
+
+    def __call__(
+        self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
+    ) -> SolveResult:
+        start = time.perf_counter()
+        deadline = Deadline.after(time_limit_s)
+        current = self.warm_start
+        if current is None:
+            current = greedy_sweep(
+                graph, budget_bytes, time_limit_s=deadline.remaining_s()
+            ).schedule
+        check_schedule(graph, current)
+        allowed = cacheable_ops(graph)
+        profile = simulate(graph, current, check=False)
+        score = rank(profile, budget_bytes)
+        moves = tried = 0
+        timed_out = False
+        while moves < self.max_moves:
+            best: tuple[tuple[int, float, float], Schedule, MemoryProfile] | None = None
+            for candidate in neighbours(graph, current, allowed):
+                if deadline.expired():
+                    timed_out = True
+                    break
+                try:
+                    check_schedule(graph, candidate)
+                except ScheduleError:
+                    continue
+                found = simulate(graph, candidate, check=False)
+                tried += 1
+                found_score = rank(found, budget_bytes)
+                if found_score < score and (best is None or found_score < best[0]):
+                    best = (found_score, candidate, found)
+            if best is None:
+                break
+            score, current, profile = best
+            moves += 1
+            if timed_out:
+                break
+        return result_from_profile(
+            current,
+            profile,
+            budget_bytes=budget_bytes,
+            solver=self.name,
+            solve_s=time.perf_counter() - start,
+            stats={
+                "space": "general",
+                "moves": moves,
+                "neighbours_tried": tried,
+                "cached_ops": len(current.saved),
+                "search_cut_by_time_limit": timed_out,
+            },
+        )

@@ -1,0 +1,216 @@
+"""``solver="pruned"``: the every-cut interval program after exact reductions.
+
+Over every allowed cut, the interval program of a graph of 200-300 ops has 10,000-35,000
+candidate intervals and a million nonzeros; no MILP solves it in a minute. Most of those
+intervals cannot be in any schedule better than a good known one, and two exact tests find
+them:
+
+1. **Cost**: a region costs at most the whole schedule it belongs to (costs are sums of
+   non-negative forward times), so with an incumbent of cost ``UB`` that fits the budget,
+   every interval costing more than ``UB`` is left out before the model is built
+   (``build_interval_model(max_cost_s=...)``, which never builds them).
+2. **Reduced costs**: with the LP relaxation's optimum ``LP`` and the reduced cost ``r_k`` of
+   an interval at zero, every solution that chooses it costs at least ``LP + r_k``; when that
+   exceeds ``UB`` (by a margin over the LP solver's tolerances) the interval is dropped
+   (:mod:`chkpt_opt.solvers.bounds.reductions`).
+
+Neither drops a schedule costing at most ``UB``, and the incumbent's own intervals are always
+kept, so the reduced program still holds an optimal schedule: its proven optimum is the
+optimum of the whole schedule model, and its bound (or the LP's, which holds for the whole
+model) is a proven bound. The incumbent comes from the greedy heuristic and, on graphs of
+repeated blocks, the hierarchical solver with a share of the time limit (it is usually within
+a few percent of the optimum, which is what makes the cost test bite). Building the model
+stops at a deadline; on overrun the incumbent is returned as ``feasible`` without a bound.
+
+Nothing here is registered: solver ``pruned`` (:mod:`chkpt_opt.solvers.keepset.pruned`) runs it on
+its own, and ``cpsat`` and ``milp`` run it with their engine settings on graphs above their
+``max_positions`` (:mod:`chkpt_opt.solvers.keepset.flat`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from chkpt_opt.errors import SolverError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.bounds.lowest_peak import with_lowest_peak
+from chkpt_opt.solvers.bounds.reductions import cost_cap, reduced_cost_fixing, restrict
+from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
+from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
+from chkpt_opt.solvers.engines.milp_engine import BACKENDS, DEFAULT_BACKEND, solve_milp
+from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.interval.judge import Outcome, finish
+from chkpt_opt.solvers.interval.prepare import Prepared, check_flat_size, keep_all_result
+from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.keepset.warm_start import hint_ids, incumbent
+
+log = logging.getLogger(__name__)
+
+ENGINES = (*BACKENDS, "cpsat")
+"""What solves the pruned program: a MILP backend, or CP-SAT (at linearization level 2)."""
+
+
+@dataclass(frozen=True)
+class PrunedSearch:
+    """The settings of the pruned search: incumbent, exact pruning, MILP over every cut.
+
+    Attributes:
+        incumbent_share: share of the time limit given to the incumbent (greedy, then the
+            hierarchical solver on graphs of repeated blocks).
+        build_share: the model's build stops once this share of the time limit has passed
+            (the incumbent is then returned, without a bound).
+        min_milp_s: the final solve is skipped when less time than this is left after the LP
+            (the incumbent is then returned with the LP's bound).
+        reduced_costs: also drop intervals by LP reduced costs (see the module docstring).
+        backend: what solves the pruned program: ``"highs"`` (default: measured fastest to
+            a proof here), ``"scip"`` or ``"cpsat"``.
+        seed: the backend's random seed.
+        workers: CP-SAT search workers (backend ``"cpsat"``, and the lowest-peak search).
+        formulation: CP-SAT's memory constraint form (see
+            :mod:`~chkpt_opt.solvers.engines.cpsat_engine`).
+        warm_start: hint the incumbent to the backend (where it takes hints).
+    """
+
+    incumbent_share: float = 0.35
+    build_share: float = 0.7
+    min_milp_s: float = 1.0
+    reduced_costs: bool = True
+    backend: str = DEFAULT_BACKEND
+    seed: int = 0
+    workers: int = 1
+    formulation: str = DEFAULT_FORMULATION
+    warm_start: bool = True
+
+    def search(
+        self, graph: CostGraph, budget_bytes: int, *, deadline: Deadline, solver: str
+    ) -> SolveResult:
+        """The pruned search of the module docstring; the result is named ``solver``.
+
+        Raises:
+            SolverError: for an unknown backend, or a graph too large for the flat model.
+        """
+        if self.backend not in ENGINES:
+            raise SolverError(
+                f"backend {self.backend!r} is unknown; use one of {', '.join(ENGINES)}."
+            )
+        check_flat_size(graph)
+        trivial = keep_all_result(graph, budget_bytes, solver=solver, deadline=deadline)
+        if trivial is not None:
+            return trivial
+        limit = deadline.limit_s
+        share = None if limit is None else self.incumbent_share * limit
+        best = incumbent(graph, budget_bytes, time_limit_s=share)
+        stats: dict[str, Any] = {
+            "incumbent_from": best.solver,
+            "incumbent_s": best.objective if best.feasible else None,
+            "incumbent_solve_s": deadline.elapsed_s(),
+        }
+        cap = cost_cap(best.objective) if best.feasible else None
+        t0 = time.perf_counter()
+        try:
+            build_deadline = deadline.share(self.build_share)
+            model = build_interval_model(graph, max_cost_s=cap, deadline=build_deadline)
+            program = build_program(model, deadline=build_deadline)
+        except DeadlineExceeded as err:
+            log.info("pruned: %s Returning the incumbent.", err)
+            stats["build_timed_out"] = True
+            return self._incumbent_result(graph, best, budget_bytes, deadline, stats, solver)
+        stats["intervals_after_cost"] = len(model.intervals)
+        prepared = Prepared(model, program, time.perf_counter() - t0)
+        ids = hint_ids(graph, model, best) if best.feasible else None
+        lp_bound_units = None
+        if self.reduced_costs and best.feasible:
+            fixing = reduced_cost_fixing(
+                program, budget_bytes, best.objective, protect=ids or (), deadline=deadline
+            )
+            stats.update(lp_status=fixing.status, lp_s=fixing.lp_s)
+            if fixing.bound_s is not None:
+                stats["lp_bound_s"] = fixing.bound_s
+                lp_bound_units = fixing.bound_s * program.cost_scale
+            if len(fixing.keep) < len(model.intervals) and self._time_left(deadline):
+                t0 = time.perf_counter()
+                try:
+                    small = restrict(model, fixing.keep)
+                    program = build_program(small, deadline=deadline)
+                    model = small
+                    prepared = Prepared(model, program, prepared.build_s + time.perf_counter() - t0)
+                    ids = model.interval_ids(best.schedule.spans(graph))
+                except DeadlineExceeded:
+                    stats["build_timed_out"] = True
+        stats["intervals_after_lp"] = len(model.intervals)
+        hint = ids if self.warm_start else None
+        if self._time_left(deadline) and not stats.get("build_timed_out"):
+            if self.backend == "cpsat":
+                outcome = solve_cp(
+                    program,
+                    budget_bytes,
+                    formulation=self.formulation,
+                    seed=self.seed,
+                    workers=self.workers,
+                    hint_ids=hint,
+                    deadline=deadline,
+                    linearization_level=2,
+                )
+            else:
+                outcome = solve_milp(
+                    program,
+                    budget_bytes,
+                    backend=self.backend,
+                    seed=self.seed,
+                    hint_ids=hint,
+                    deadline=deadline,
+                )
+        else:
+            stats["milp_skipped"] = "out of time"
+            outcome = Outcome(None, False, False, None)
+        bound_units = outcome.bound_units
+        if lp_bound_units is not None:
+            # finish() lowers a bound by the cost rounding of an integer program; the LP's
+            # is in seconds already, so it is raised by as much here.
+            lp_units = lp_bound_units + 0.5 * model.n_ops
+            bound_units = lp_units if bound_units is None else max(bound_units, lp_units)
+        stats.update(outcome.stats)
+        outcome = replace(outcome, bound_units=bound_units, stats=stats)
+        lowest = None
+        if model.max_cost_s is None:
+            settings = {"seed": self.seed, "workers": self.workers, "formulation": self.formulation}
+            outcome, lowest = with_lowest_peak(graph, prepared, outcome, deadline, settings)
+        return finish(
+            graph,
+            budget_bytes,
+            prepared,
+            outcome,
+            solver=solver,
+            deadline=deadline,
+            fallback=best,
+            lowest=lowest,
+        )
+
+    def _time_left(self, deadline: Deadline) -> bool:
+        """Whether at least ``min_milp_s`` of the time limit is left."""
+        left = deadline.remaining_s()
+        return left is None or left >= self.min_milp_s
+
+    def _incumbent_result(
+        self,
+        graph: CostGraph,
+        best: SolveResult,
+        budget_bytes: int,
+        deadline: Deadline,
+        stats: dict[str, Any],
+        solver: str,
+    ) -> SolveResult:
+        """The incumbent as this solver's result: no bound (the model was not solved)."""
+        return result_from_profile(
+            best.schedule,
+            simulate(graph, best.schedule),
+            budget_bytes=budget_bytes,
+            solver=solver,
+            solve_s=deadline.elapsed_s(),
+            stats={**stats, "complete_model": False},
+        )
