@@ -68,6 +68,7 @@ schedule ``Plan.for_compile`` solves the plan at the same budget with ``nesting=
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
@@ -83,6 +84,8 @@ from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.keepset.enumerate import count_schedules
 from chkpt_opt.solvers.registry import get_solver, register
+
+log = logging.getLogger(__name__)
 
 PRUNED_MIN_POSITIONS = 64
 """Graphs with more allowed cuts than this (and at most ``PRUNED_MAX_OPS`` ops) go to the pruned
@@ -218,6 +221,7 @@ class AutoSolver:
                     errors[name] = str(err)
             if result is None:
                 continue
+            _log_stage(result, deadline)
             results.append(result)
             if result.proven:
                 break
@@ -268,6 +272,22 @@ class AutoSolver:
         return final
 
 
+def _log_stage(result: SolveResult, deadline: Deadline) -> None:
+    """Progress: one line per solver ``auto`` ran, at INFO."""
+    what = f"{result.objective * 1e3:.3f} ms recomputed" if result.feasible else "no fit"
+    left_s = deadline.remaining_s()
+    left = "no limit" if left_s is None else f"{left_s:.1f} s of the limit left"
+    log.info(
+        "auto: %s -> %s, %s, peak %d bytes, %.1f s; %s",
+        result.solver,
+        result.status.value,
+        what,
+        result.peak_bytes,
+        result.solve_s,
+        left,
+    )
+
+
 def _improves(result: SolveResult, keep: SolveResult) -> bool:
     if result.feasible:
         return not keep.feasible or result.objective < keep.objective * (1 - 1e-9) - 1e-15
@@ -315,6 +335,7 @@ def _beyond_keep_set(
             share /= len(searches) - k
         try:
             found.append(search(graph, budget_bytes, time_limit_s=share))
+            _log_stage(found[-1], deadline)
         except SolverError as err:
             refused[search.name] = str(err)
     keep_stats["beyond_keep_set"] = {f"{r.solver}#{k}": r.status.value for k, r in enumerate(found)}
