@@ -62,6 +62,7 @@ def optimize(
     tracer: str = "auto",
     profile_times: bool | None = None,
     plan_dir: str | Path | None = None,
+    outputs_held: bool | None = None,
 ) -> torch.nn.Module:
     """Attaches a plan that keeps every training step of ``model`` within ``budget``;
     returns ``model`` itself.
@@ -84,6 +85,14 @@ def optimize(
         plan_dir: a folder where plans are kept across restarts (keyed by the graph's
             fingerprint, the settings and the versions), so a resumed job does not solve
             again.
+        outputs_held: whether the loop holds the model's outputs beside the loss (the
+            logits) through the backward pass. None (the default): observed at each
+            backward pass, the first plan counting them held and the next call planned
+            again once a backward shows them dropped; False: dropped before the backward
+            (``Trainer``, ``model(**batch).loss.backward()``), so the first plan is the
+            only one; True: held (``outputs = model(**batch); outputs.loss.backward()``).
+            A backward that shows the loop holds them where plans counted them dropped is
+            logged as a warning and planned for.
 
     Raises:
         BudgetError: an unreadable budget (at once); InfeasibleBudgetError from the call that
@@ -109,6 +118,7 @@ def optimize(
         profile_times=profile_times,
         plan_dir=Path(plan_dir) if plan_dir is not None else None,
         own_forward=model.__dict__.get("forward"),
+        outputs_held=outputs_held,
     )
     model.__dict__[_ATTRIBUTE] = attachment
     model.__dict__["forward"] = AttachedForward(attachment)

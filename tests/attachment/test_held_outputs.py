@@ -88,6 +88,23 @@ def test_logits_dropped_then_held_are_planned_for_each_in_turn(
     assert replanned.resident_bytes + held_peak <= replanned.predicted_peak_bytes
 
 
+def test_a_loop_said_to_drop_the_logits_is_planned_once() -> None:
+    model = chkpt_opt.optimize(
+        _llama(),
+        budget=10**9,
+        example_kwargs=_batch(),
+        time_limit_s=5,
+        profile_times=False,
+        outputs_held=False,
+    )
+    attachment = chkpt_opt.attachment_of(model)
+    assert attachment.runners[-1].drops_outputs
+    peak = _step(model, _batch(), hold=False)
+    runner = attachment.runners[-1]
+    assert attachment.stats.solves == 1 and attachment.outputs_held is False
+    assert runner.resident_bytes + peak <= runner.predicted_peak_bytes
+
+
 def test_encoder_states_that_autograd_keeps_do_not_count_as_held() -> None:
     # T5 returns its encoder's last states, which every cross-attention saves: alive at
     # the backward pass whatever the loop does. The logits alone tell.
