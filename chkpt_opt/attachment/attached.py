@@ -257,7 +257,6 @@ class Attachment:
             static.resident_bytes,
             source,
             input_dims=dims if dims is not None and dims.symbolic else None,
-            droppable=can_drop,
             drops_outputs=drops,
             watched=watched,
         )

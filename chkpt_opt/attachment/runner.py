@@ -26,8 +26,6 @@ class Runner:
         input_dims: for a capture with symbolic sizes, the input shapes it serves beside
             its own key's (any no larger, see :class:`~chkpt_opt.graphs.tracer.
             dynamic_dims.InputDims`); None for a capture of fixed shapes.
-        droppable: whether the step returns outputs it does not differentiate (logits
-            beside the loss, see :mod:`~chkpt_opt.attachment.held_outputs`).
         drops_outputs: whether the schedule was made for a loop that drops those before
             the backward pass (as observed); else they count as held to its end.
         watched: the flat output positions whose storages tell whether the loop holds
@@ -41,9 +39,14 @@ class Runner:
     resident_bytes: int
     source: str
     input_dims: InputDims | None = None
-    droppable: bool = False
     drops_outputs: bool = False
     watched: tuple[int, ...] = ()
+
+    @property
+    def droppable(self) -> bool:
+        """Whether the step returns outputs it does not differentiate that autograd does
+        not keep (logits beside the loss, see :mod:`~chkpt_opt.attachment.held_outputs`)."""
+        return bool(self.watched)
 
     def serves(self, key: CallKey) -> bool:
         """Whether this runner runs ``key``'s calls within its prediction."""
