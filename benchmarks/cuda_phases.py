@@ -19,7 +19,7 @@ from cuda_times import half_activations
 from region_cost import phases_s
 
 import chkpt_opt
-from chkpt_opt.codegen.overhead import measure_region_overhead_s
+from chkpt_opt.codegen.overhead import measure_region_costs
 from chkpt_opt.codegen.runtime import CheckpointRegion
 
 ROUNDS = 15
@@ -60,7 +60,7 @@ def main(device: str) -> None:
         bwd = statistics.median(v[1] for v in values[WARMUP_ROUNDS:])
         print(f"{name:12s} fwd ms {fwd * 1e3:.2f} bwd ms {bwd * 1e3:.2f}")
     for _ in range(3):
-        print("measure_region_overhead_s", measure_region_overhead_s(device))
+        print("measure_region_costs", measure_region_costs(device))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch
 
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes
 from chkpt_opt.codegen import apply_schedule
-from chkpt_opt.codegen.overhead import measure_region_overhead_s
+from chkpt_opt.codegen.overhead import measure_region_costs
 from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
@@ -306,7 +306,7 @@ def plan_traced(
     simulation of its schedule. ``time_limit_s`` bounds this call (at least one second for
     the solver, and again for the search for the smallest feasible budget when the budget
     cannot be met); ``profile_times`` says whether the trace measured op times, in which
-    case the cost of one recompute region is measured here too.
+    case what regions cost beyond their ops is measured here too.
 
     Raises:
         BudgetError, InfeasibleBudgetError: as :func:`plan`.
@@ -321,7 +321,7 @@ def plan_traced(
     graph = traced.graph
     if profile_times:
         device = device_of(traced.captured.module, traced.args)
-        graph.graph["region_overhead_s"] = measure_region_overhead_s(device)
+        measure_region_costs(device).store(graph)
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:

@@ -64,7 +64,8 @@ from chkpt_opt.graphs.costgraph import (
     storage_owners,
     storage_refs,
 )
-from chkpt_opt.schedule import RegionSpan, Schedule, innermost_regions, region_tree
+from chkpt_opt.region_replay import region_replays
+from chkpt_opt.schedule import Schedule, innermost_regions, region_tree
 
 
 @dataclass(frozen=True)
@@ -90,85 +91,6 @@ class Step:
     region: int = -1
 
 
-def _saves_own_storage(graph: CostGraph, node: str, owner: dict[str, str]) -> bool:
-    """Whether the op keeps one of its own outputs or buffers (packed after it runs)."""
-    return any(owner.get(sid) == node for sid in graph.nodes[node]["saved"])
-
-
-def replayed_ops(graph: CostGraph, region: tuple[str, ...], owner: dict[str, str]) -> list[str]:
-    """The ops that the recomputation of a keep-set region runs (see the module docstring)."""
-    packers = [n for n in region if graph.nodes[n]["n_saved"] > 0]
-    if not any(graph.nodes[n]["has_backward"] for n in packers):
-        return []
-    last = packers[-1]
-    return list(region[: region.index(last) + (1 if _saves_own_storage(graph, last, owner) else 0)])
-
-
-@dataclass(frozen=True)
-class _Replay:
-    """What the recomputation of one region does.
-
-    Attributes:
-        prefix: indices of the ops it reaches, in order (cached ops included).
-        computed: those of them it runs (the others are the region's cached ops).
-        trigger: the node before whose backward it runs, or "" if it never runs.
-        last_event: index of its last own saved tensor (an own op, or the first op of an
-            inner region whose inputs are packed there); inner regions starting at or
-            before it have their inputs packed.
-        holds: whether its checkpoint outlives the forward pass (some op inside saves a
-            tensor). If not, nothing refers to the inputs it saved in its parent, and the
-            parent's recomputation does not keep them.
-    """
-
-    prefix: tuple[int, ...]
-    computed: tuple[int, ...]
-    trigger: str
-    last_event: int
-    holds: bool
-
-
-def _replays(
-    graph: CostGraph,
-    order: list[str],
-    tree: list[RegionSpan],
-    inner: list[int],
-    saved: frozenset[str],
-    owner: dict[str, str],
-) -> list[_Replay]:
-    nodes = graph.nodes
-    trigger_index: list[int] = [-1] * len(tree)
-    stops: list[int] = [0] * len(tree)
-    last_events: list[int] = [-1] * len(tree)
-    holds: list[bool] = [False] * len(tree)
-    for k in reversed(range(len(tree))):  # inner regions come after their parents
-        span = tree[k]
-        # Holder events: (index, own op or -1 for an inner region's inputs).
-        events: list[tuple[int, int]] = [(tree[c].start, -1) for c in span.children]
-        events += [
-            (i, i)
-            for i in range(span.start, span.stop)
-            if inner[i] == k and nodes[order[i]]["n_saved"] > 0
-        ]
-        events.sort()
-        stop = span.start
-        if events:
-            i, op = events[-1]
-            last_events[k] = i
-            stop = i + 1 if op >= 0 and _saves_own_storage(graph, order[op], owner) else i
-        stops[k] = stop
-        holds[k] = any(op >= 0 for _, op in events) or any(holds[c] for c in span.children)
-        triggers = [i for i, op in events if op >= 0 and nodes[order[op]]["has_backward"]]
-        triggers += [trigger_index[c] for c in span.children if trigger_index[c] >= 0]
-        trigger_index[k] = max(triggers, default=-1)
-    result = []
-    for k, span in enumerate(tree):
-        prefix = tuple(range(span.start, stops[k])) if trigger_index[k] >= 0 else ()
-        computed = tuple(i for i in prefix if not (inner[i] == k and order[i] in saved))
-        trigger = order[trigger_index[k]] if trigger_index[k] >= 0 else ""
-        result.append(_Replay(prefix, computed, trigger, last_events[k], holds[k]))
-    return result
-
-
 def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     """Returns the op sequence of one training step under ``schedule``.
 
@@ -182,7 +104,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     preds = {n: sorted(graph.predecessors(n), key=lambda u: nodes[u]["index"]) for n in order}
     tree = region_tree(graph, schedule)
     inner = innermost_regions(tree, len(order))
-    replays = _replays(graph, order, tree, inner, schedule.saved, owner)
+    replays = region_replays(graph, order, tree, inner, schedule.saved, owner)
     by_trigger: dict[str, list[int]] = {}
     for k in sorted(range(len(tree)), key=lambda k: tree[k].depth):  # outer regions first
         if replays[k].trigger:

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from chkpt_opt.graphs.costgraph import CostGraph, region_overhead_s
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.op_sequence import Step, lower
+from chkpt_opt.region_replay import schedule_overhead_s
 from chkpt_opt.schedule import Schedule, check_schedule
 
 
@@ -50,7 +51,8 @@ class MemoryProfile:
         timeline: memory at every step of the op sequence.
         compute_s: estimated time of forward, recomputation and backward.
         recompute_s: estimated time of the recomputation alone (the extra compute), with
-            the graph's ``region_overhead_s`` for every region, nested ones included.
+            what the regions cost beyond their ops
+            (:func:`~chkpt_opt.region_replay.schedule_overhead_s`).
         recompute_flops: floating-point operations recomputed.
         total_flops: floating-point operations of the whole step.
     """
@@ -120,7 +122,7 @@ def simulate(graph: CostGraph, schedule: Schedule, *, check: bool = True) -> Mem
             if step.kind == "recompute":
                 recompute_s += attrs["fwd_time_s"]
                 recompute_flops += attrs["fwd_flops"]
-    overhead = region_overhead_s(graph) * (len(schedule.regions) + len(schedule.nested))
+    overhead = schedule_overhead_s(graph, schedule)
     compute_s += overhead
     recompute_s += overhead
     return MemoryProfile(

@@ -1,5 +1,6 @@
-"""The per-region overhead: measured once per plan with profile_times, counted for every
-region by the simulator and by every solver's model alike."""
+"""What regions cost beyond their ops (the per-region overhead, and the selective-checkpoint
+policy of a region that caches ops): measured once per plan with profile_times, counted by
+the simulator and by every solver's model alike."""
 
 from __future__ import annotations
 
@@ -10,19 +11,32 @@ import chkpt_opt
 from chkpt_opt.errors import GraphFormatError
 from chkpt_opt.graphs.costgraph import check_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
+from chkpt_opt.op_sequence import lower
+from chkpt_opt.region_replay import policy_dispatches
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers import get_solver
-from tests.conftest import assert_valid_result
+from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers.interval.cache_columns import CacheColumns
+from tests.conftest import REL, assert_valid_result
+from tests.reference.general_enumerate import general_optimum, general_schedules
 
 OVERHEAD_S = 2e-4
 
 
-def _with_overhead(graph, overhead_s: float = OVERHEAD_S):
+POLICY_REGION_S = 1e-4
+POLICY_OP_S = 1e-5
+
+
+def _with_overhead(graph, overhead_s: float = OVERHEAD_S, **policy_s: float):
     graph = graph.copy()
     graph.graph["region_overhead_s"] = overhead_s
+    graph.graph.update(policy_s)
     check_graph(graph)
     return graph
+
+
+def _with_policy(graph, region_s: float = POLICY_REGION_S, op_s: float = POLICY_OP_S):
+    return _with_overhead(graph, 0.0, cached_region_overhead_s=region_s, cached_op_overhead_s=op_s)
 
 
 def test_the_simulator_charges_every_region_once() -> None:
@@ -62,12 +76,55 @@ def test_a_large_overhead_makes_the_optimum_use_fewer_regions() -> None:
     assert charged.proven and len(charged.schedule.regions) < len(free.schedule.regions)
 
 
+def test_the_simulator_charges_a_caching_region_its_policy_per_op_dispatched() -> None:
+    plain = chain_graph(8, activation_bytes=1000)
+    charged = _with_policy(plain)
+    keep_set = Schedule.from_spans(plain, [(1, 5), (6, 8)])
+    cached = Schedule(keep_set.regions, saved=frozenset({keep_set.regions[0][1]}))
+    # The policy sees the region's 4 forward ops and its replay: the ops recomputed, and
+    # the cached op, which the replay reaches and takes from the cache.
+    replayed = [s.node for s in lower(plain, cached) if s.kind == "recompute"]
+    replayed = [n for n in replayed if n in keep_set.regions[0]]
+    assert policy_dispatches(charged, cached) == [4 + len(replayed) + 1]
+    assert policy_dispatches(charged, keep_set) == []
+    assert simulate(charged, cached).recompute_s == pytest.approx(
+        simulate(plain, cached).recompute_s + POLICY_REGION_S + POLICY_OP_S * (5 + len(replayed))
+    )
+    assert simulate(charged, keep_set).recompute_s == simulate(plain, keep_set).recompute_s
+    assert simulate(charged, cached).peak_bytes == simulate(plain, cached).peak_bytes
+
+
+def test_the_cached_program_counts_the_policy_and_stays_exact_over_its_space() -> None:
+    """On a graph where caching pays without a policy cost (dag5_s12 in
+    tests/test_milp_cached.py), milp_cached's optimum with the cost charged equals brute
+    force over its space; a policy costlier than what caching saves makes it cache nothing."""
+    graph = _with_policy(random_dag(5, seed=12, skip_prob=0.5, max_inputs=3))
+    columns = CacheColumns(graph, "subsets")
+    space = [s for s in general_schedules(graph, nesting=False) if columns.covers(s)]
+    peaks = sorted({simulate(graph, s, check=False).peak_bytes for s in space})
+    solver = get_solver("milp_cached", cache="subsets")
+    for budget in peaks[:: max(1, len(peaks) // 4)]:
+        best = general_optimum(graph, budget, nesting=False, within=columns.covers)
+        result = solver(graph, budget, time_limit_s=30)
+        assert_valid_result(graph, result, budget)
+        assert best is not None and result.status == SolveStatus.OPTIMAL
+        assert result.objective == pytest.approx(best[1].recompute_s, rel=REL, abs=1e-15)
+    budget = 6_501_120  # keep-set optimum 7.37 ms, caching 4.05 ms without a policy cost
+    assert get_solver("milp_cached")(graph, budget, time_limit_s=30).schedule.saved
+    costly = _with_policy(graph, region_s=4e-3)
+    result = get_solver("milp_cached")(costly, budget, time_limit_s=30)
+    assert_valid_result(costly, result, budget)
+    assert result.status == SolveStatus.OPTIMAL and not result.schedule.saved
+
+
 def test_bad_overheads_are_refused() -> None:
-    for bad in (-1e-3, 2.0, "0.1", True, float("nan")):
-        graph = chain_graph(4)
-        graph.graph["region_overhead_s"] = bad
-        with pytest.raises(GraphFormatError, match="region_overhead_s"):
-            check_graph(graph)
+    keys = ("region_overhead_s", "cached_region_overhead_s", "cached_op_overhead_s")
+    for key in keys:
+        for bad in (-1e-3, 2.0, "0.1", True, float("nan")):
+            graph = chain_graph(4)
+            graph.graph[key] = bad
+            with pytest.raises(GraphFormatError, match=key):
+                check_graph(graph)
 
 
 def test_dp_nested_charges_every_region_and_nests_less_for_it() -> None:
@@ -99,4 +156,6 @@ def test_profiled_plans_measure_the_overhead() -> None:
     )
     overhead = made.graph.graph["region_overhead_s"]
     assert 0.0 < overhead < 0.05  # a checkpoint call costs microseconds to milliseconds
+    assert 0.0 <= made.graph.graph["cached_region_overhead_s"] < 0.05
+    assert 0.0 < made.graph.graph["cached_op_overhead_s"] < 0.01  # a Python dispatch per op
     assert "region_overhead_s" not in chkpt_opt.trace(model, (torch.randn(8, 16),)).graph

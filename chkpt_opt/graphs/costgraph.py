@@ -50,7 +50,9 @@ Graph attributes: ``format_version``, ``name``, ``param_bytes``, ``trainable_par
 ``buffer_bytes``, ``input_bytes``, ``largest_param_bytes``, ``n_trainable_tensors`` (for
 optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``, ``meta``),
 ``outputs`` (names of the nodes whose values the step returns), ``tracer``,
-``torch_version``, ``cost_model``; optionally ``region_overhead_s``, ``workspace_model``
+``torch_version``, ``cost_model``; optionally ``region_overhead_s``,
+``cached_region_overhead_s`` and ``cached_op_overhead_s`` (what regions cost beyond their
+ops: :mod:`chkpt_opt.region_replay`), ``workspace_model``
 (``measured-cuda`` where the kernel workspace the allocator holds beyond tensors was measured
 on the device and added to the workspace attributes) and ``grad_outputs`` (the outputs whose
 gradient the step seeds, where not all: a model's loss beside its logits).
@@ -100,6 +102,9 @@ _BOOL_ATTRS = (
     "cut_after_ok",
 )
 _STR_ATTRS = ("op", "module_path")
+_GRAPH_SECONDS_ATTRS = ("region_overhead_s", "cached_region_overhead_s", "cached_op_overhead_s")
+"""Optional graph attributes in seconds, each in [0, 1) (0 when absent)."""
+
 _GRAPH_INT_ATTRS = (
     "param_bytes",
     "trainable_param_bytes",
@@ -303,16 +308,18 @@ def check_graph(graph: CostGraph) -> None:
     for key in ("name", "device_type", "tracer", "torch_version", "cost_model"):
         if not isinstance(graph.graph.get(key), str):
             raise _fail(f"graph attribute {short(key)} must be a string.")
-    overhead = graph.graph.get("region_overhead_s", 0.0)
-    if (
-        isinstance(overhead, bool)
-        or not isinstance(overhead, (int, float))
-        or not 0.0 <= overhead < 1.0
-    ):
-        raise _fail(
-            f"graph attribute 'region_overhead_s' must be seconds in [0, 1), got "
-            f"{short(overhead)}; remove it (0) or measure it with plan(..., profile_times=True)."
-        )
+    for key in _GRAPH_SECONDS_ATTRS:
+        seconds = graph.graph.get(key, 0.0)
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not 0.0 <= seconds < 1.0
+        ):
+            raise _fail(
+                f"graph attribute {short(key)} must be seconds in [0, 1), got "
+                f"{short(seconds)}; remove it (0) or measure it with "
+                "plan(..., profile_times=True)."
+            )
     if not isinstance(graph.graph.get("outputs"), list):
         raise _fail("graph attribute 'outputs' must be a list of node names.")
     for out in graph.graph["outputs"]:

@@ -14,7 +14,8 @@ from chkpt_opt.graphs.costgraph import (
     storage_owners,
     storage_refs,
 )
-from chkpt_opt.op_sequence import lower, replayed_ops
+from chkpt_opt.op_sequence import lower
+from chkpt_opt.region_replay import replayed_ops
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.interval.cache_columns import CacheColumns

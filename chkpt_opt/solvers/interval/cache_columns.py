@@ -6,7 +6,8 @@ A column is an :class:`~chkpt_opt.solvers.interval.model.Interval` with ``cached
 follows :func:`chkpt_opt.op_sequence.lower` exactly:
 
 * its recompute time leaves out the cached ops (the recomputation takes their outputs from
-  the cache);
+  the cache) and adds what its selective-checkpoint policy costs
+  (:func:`chkpt_opt.region_replay.policy_cost_s`);
 * its replay runs the other ops of the replayed prefix; a cached op allocates nothing and
   reads nothing there;
 * a cached op's storages live from the forward pass until the recomputation takes them
@@ -48,7 +49,7 @@ from chkpt_opt.graphs.costgraph import (
     storage_owners,
     storage_refs,
 )
-from chkpt_opt.op_sequence import replayed_ops
+from chkpt_opt.region_replay import policy_cost_s, replayed_ops
 from chkpt_opt.schedule import Schedule, cacheable_ops, caching_allowed
 from chkpt_opt.solvers.interval.model import Interval
 
@@ -218,9 +219,12 @@ class CacheColumns:
             for sid in builder.attrs[j]["saved"]:
                 if any(sid in self.owned[k] for k in candidates):
                     saver_end[sid] = max(saver_end.get(sid, -1), builder.kept(j))
+        # What the selective-checkpoint policy costs: the span's ops in the forward pass and
+        # the replayed prefix, cached ops included, dispatched through it.
+        policy_s = policy_cost_s(self.graph, (base.stop - a) + (last - a + 1))
         for cached in self.cached_sets(candidates):
             builder.check_deadline("cache columns")
-            cost = base.cost_s - sum(self.fwd_time_s[i] for i in cached)
+            cost = base.cost_s - sum(self.fwd_time_s[i] for i in cached) + policy_s
             if cost > max_cost_s:
                 continue
             alive: list[tuple[int, int]] = []

@@ -12,7 +12,7 @@ memory a linear function of that choice:
   lowered schedule maps to one slot; the recompute steps of a replay map to the recompute slot
   of the trigger, whose bytes are the peak over those steps.
 * **intervals**: every candidate region with its recompute cost (the forward time of the ops
-  its replay runs, :func:`chkpt_opt.op_sequence.replayed_ops`: from its start up to its last op
+  its replay runs, :func:`chkpt_opt.region_replay.replayed_ops`: from its start up to its last op
   with ``n_saved > 0``, that op included only if it saves one of its own storages; a region is
   replayed only if it has a trigger, an op with ``n_saved > 0`` and a backward), the slot of
   its replay, the peak bytes of that replay, the recomputed storages it holds after the

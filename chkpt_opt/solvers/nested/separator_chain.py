@@ -190,7 +190,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
         for u in range(n)
     )
     # A replay whose last packer lies in unit u runs the unit's ops up to that packer, and
-    # the packer too when it keeps a storage of its own (op_sequence.replayed_ops).
+    # the packer too when it keeps a storage of its own (region_replay.replayed_ops).
     replayed = []
     for (s, _), ops in zip(units, packers):
         last = ops[-1] if ops else s
