@@ -304,7 +304,7 @@ def conv_nets(time_limit_s: float) -> list[dict]:
                 "floors": floors,
                 "keep_set": _row(keep),
                 "general": {**_row(general), "plan_s": round(time.perf_counter() - start, 2)},
-                "nested_optimum": general.stats.get("nested_optimum"),
+                "space_optima": general.stats.get("space_optima"),
                 **nested_side_by_side(graph, budget, time_limit_s),
             }
             if plan is not None:

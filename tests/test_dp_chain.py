@@ -440,7 +440,7 @@ def test_auto_prefers_dp_chain_on_chains() -> None:
     assert below.status == SolveStatus.INFEASIBLE and below.peak_bytes == low.peak_bytes
     other = random_dag(30, seed=1, skip_prob=0.5, max_inputs=3)
     budget = int(simulate(other, Schedule()).peak_bytes * 0.8)
-    assert "dp_chain" not in get_solver("auto")(other, budget).stats["tried"]
+    assert "dp_chain" not in get_solver("auto")(other, budget, time_limit_s=5).stats["tried"]
 
 
 def test_registered() -> None:

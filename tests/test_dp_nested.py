@@ -234,8 +234,9 @@ def test_auto_general_takes_the_nested_optimum_below_the_keep_set_floor() -> Non
     assert result.bound == result.stats["recompute_bound"]["bound_s"]
     assert result.bound is not None and result.bound <= result.objective
     assert result.objective <= exact.objective * (1 + 1e-12)
-    assert result.stats["nested_optimum"]["status"] == "optimal"
-    assert result.stats["nested_optimum"]["objective_s"] == exact.objective
+    (optimum,) = (o for o in result.stats["space_optima"].values() if o["solver"] == "dp_nested")
+    assert optimum["status"] == "optimal"
+    assert optimum["objective_s"] == exact.objective
 
 
 def test_a_region_boundary_between_an_op_and_its_view_is_outside_the_space() -> None:

@@ -70,12 +70,13 @@ def test_auto_without_nesting_keeps_to_one_level_of_regions() -> None:
     graph = chain_graph(32, activation_bytes=1 << 20)
     keep_min = get_solver("auto", general=False)(graph, 0, time_limit_s=20).peak_bytes
     budget = int(0.8 * keep_min)
-    nesting = get_solver("auto")(graph, budget, time_limit_s=20)
-    flat = get_solver("auto", nesting=False)(graph, budget, time_limit_s=20)
+    # Nothing fits: the cached-op program searches its lowest peak to the limit.
+    nesting = get_solver("auto")(graph, budget, time_limit_s=8)
+    flat = get_solver("auto", nesting=False)(graph, budget, time_limit_s=8)
     assert nesting.feasible and nesting.schedule.nested
     assert not flat.feasible and not flat.schedule.nested
     searched = {name.split("#")[0] for name in flat.stats["beyond_keep_set"]}
-    assert searched == {"cache_rounding", "cached"}
+    assert searched == {"cache_rounding", "cached", "milp_cached"}
     assert {"dp_nested", "nested"} <= {n.split("#")[0] for n in nesting.stats["tried"]}
     assert_valid_result(graph, flat, budget)
 
@@ -122,10 +123,10 @@ def test_vgg_plans_nested_below_the_keep_set_optimum_and_runs_as_predicted(
     keep = get_solver("auto", general=False)(graph, budget, time_limit_s=30)
     static = chkpt_opt.plan(model, args, budget=10**12, optimizer=None).static
     resident = static.param_bytes + static.buffer_bytes + static.input_bytes
-    plan = chkpt_opt.plan(model, args, budget=budget + resident, optimizer=None, time_limit_s=60)
+    plan = chkpt_opt.plan(model, args, budget=budget + resident, optimizer=None, time_limit_s=20)
     assert_valid_result(graph, plan.result, budget)
     assert plan.result.feasible and plan.schedule.nested
-    assert plan.result.stats["nested_optimum"]["status"] == "optimal"
+    assert _nested_optimum(plan.result.stats)["status"] == "optimal"
     if floor_fraction >= 1:
         assert keep.status.value == "optimal"
         assert plan.result.objective < 0.9 * keep.objective
@@ -135,3 +136,9 @@ def test_vgg_plans_nested_below_the_keep_set_optimum_and_runs_as_predicted(
     assert measured <= budget
     assert abs(measured - plan.profile.peak_bytes) <= 0.03 * measured
     assert equal
+
+
+def _nested_optimum(stats: dict) -> dict:
+    """dp_nested's proof among those ``auto`` reports beyond keep-set."""
+    (optimum,) = (o for o in stats["space_optima"].values() if o["solver"] == "dp_nested")
+    return optimum

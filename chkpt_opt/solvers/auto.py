@@ -48,8 +48,13 @@ that cache nothing, on graphs that are simple chains; where no keep-set schedule
 over the blocks between a graph's separators; it refuses others at once) runs, the
 cached-op search starts from the keep-set result and, where it is better, from the rounded
 schedule, and where no keep-set schedule fits, the nested
-(multi-level) heuristic looks below the keep-set memory floor; a proof of ``dp_nested``
-is reported in ``stats["nested_optimum"]``. A schedule from them
+(multi-level) heuristic looks below the keep-set memory floor. Then, unless the best so
+far meets the recompute bound, the exact program over one-level schedules with cached ops
+(``milp_cached``, started from the keep-set result, searching only schedules cheaper than
+the best so far) runs in all the time left,
+and the cached-op search from its schedule where that is the best. Proofs over parts of
+the space beyond keep-set (``dp_nested``'s, ``milp_cached``'s) are reported in
+``stats["space_optima"]``, keyed by what each proves. A schedule from them
 wins only if it is better (cheaper while fitting, or a lower peak while nothing fits); it
 is then ``feasible`` (or ``infeasible``) with the recompute bound, the one bound here that
 holds over the larger space, and ``stats["keep_set"]`` records the keep-set result it beat.
@@ -75,11 +80,11 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of
+from chkpt_opt.solvers.base import Solver, SolveResult, SolveStatus, best_of, meets_bound
 from chkpt_opt.solvers.blocks.repeated import find_blocks
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
-from chkpt_opt.solvers.chain.cuts import chain_cuts
+from chkpt_opt.solvers.chain.cuts import is_chain
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.keepset.enumerate import count_schedules
@@ -113,7 +118,7 @@ def pick_exact(
     one runs only if the first refuses the graph."""
     if count_schedules(graph) <= enumerate_max_schedules:
         return ["enumerate"]
-    if _is_chain(graph):
+    if is_chain(graph):
         return ["dp_chain", "cpsat"]
     n_cuts = sum(cut_positions(graph)) - 2
     small = graph.number_of_nodes() <= pruned_max_ops
@@ -233,7 +238,7 @@ class AutoSolver:
             bounds.append(cover.bound_s)
         bound = max(bounds) if bounds and best.feasible else best.bound
         status = best.status
-        if status == SolveStatus.FEASIBLE and _meets(best.objective, bound):
+        if status == SolveStatus.FEASIBLE and meets_bound(best.objective, bound):
             status = SolveStatus.OPTIMAL
         proven_infeasible = cover.proves_infeasible or any(r.proves_infeasible for r in results)
         if status == SolveStatus.INFEASIBLE and not proven_infeasible:
@@ -254,7 +259,7 @@ class AutoSolver:
             stats["min_feasible_lower_bytes"] = min(lower, best.peak_bytes)
             if lower >= best.peak_bytes:
                 stats.update(min_feasible_bytes=best.peak_bytes, min_feasible_proven=True)
-        stats["recompute_bound"] = _cover_stats(cover)
+        stats["recompute_bound"] = cover.summary()
         stats["tried"] = {r.solver: r.status.value for r in results}
         stats["chosen"] = best.solver
         if errors:
@@ -329,39 +334,56 @@ def _beyond_keep_set(
         searches.append(get_solver("nested"))
     found = [rounded]
     refused: dict[str, str] = {}
-    for k, search in enumerate(searches):
-        share = deadline.remaining_s()
-        if share is not None:
-            share /= len(searches) - k
+
+    def run(search: Solver, time_limit_s: float | None) -> None:
         try:
-            found.append(search(graph, budget_bytes, time_limit_s=share))
+            found.append(search(graph, budget_bytes, time_limit_s=time_limit_s))
             _log_stage(found[-1], deadline)
         except SolverError as err:
             refused[search.name] = str(err)
+
+    for k, search in enumerate(searches):
+        share = deadline.remaining_s()
+        run(search, None if share is None else share / (len(searches) - k))
+    # Then, in the time left, the exact program over one-level schedules with cached ops
+    # (it takes the keep-set result as its start and cost cap), and the cached-op search
+    # from its result where that is the best so far; not where the best already meets the
+    # bound that holds over every schedule.
+    if not _proven_over_every_schedule(best_of([keep, *found]), cover):
+        before = len(found)
+        best = best_of([keep, *found])
+        cap_s = best.objective if best.feasible else None  # only cheaper schedules matter
+        cached_program = get_solver("milp_cached", keep_set=keep, cost_cap_s=cap_s)
+        run(cached_program, deadline.remaining_s())
+        best = best_of([keep, *found])
+        exact_won = len(found) > before and found[-1] is best
+        if exact_won and best.schedule.saved and not deadline.expired():
+            run(get_solver("cached", warm_start=best.schedule), deadline.remaining_s())
     keep_stats["beyond_keep_set"] = {f"{r.solver}#{k}": r.status.value for k, r in enumerate(found)}
     if refused:
         keep_stats["beyond_keep_set_refused"] = refused
-    # A proof over a part of the space beyond keep-set (dp_nested's: nested schedules that
-    # cache nothing), by what the result says it proves.
-    exact = next((r for r in found if r.proven and r.stats.get("optimal_over")), None)
-    if exact is not None:
-        keep_stats["nested_optimum"] = {
-            "status": exact.status.value,
-            "objective_s": exact.objective,
-            "peak_bytes": exact.peak_bytes,
-            "optimal_over": exact.stats.get("optimal_over"),
+    # Proofs over parts of the space beyond keep-set (dp_nested's: nested schedules that
+    # cache nothing; milp_cached's: one level with cached ops), by what each result says
+    # it proves.
+    optima = {
+        str(r.stats["optimal_over"]): {
+            "solver": r.solver,
+            "status": r.status.value,
+            "objective_s": r.objective,
+            "peak_bytes": r.peak_bytes,
         }
+        for r in found
+        if r.proven and r.stats.get("optimal_over")
+    }
+    if optima:
+        keep_stats["space_optima"] = optima
     better = [r for r in found if _improves(r, keep)]
     if not better:
         return dataclasses.replace(keep, stats=keep_stats, solve_s=deadline.elapsed_s())
     best = best_of(better)
     stats = dict(best.stats)
     stats.update(
-        {
-            k: keep_stats[k]
-            for k in ("nested_optimum", "beyond_keep_set_refused")
-            if k in keep_stats
-        },
+        {k: keep_stats[k] for k in ("space_optima", "beyond_keep_set_refused") if k in keep_stats},
         tried={**keep.stats.get("tried", {}), **keep_stats["beyond_keep_set"]},
         chosen=best.solver,
         beyond_keep_set=keep_stats["beyond_keep_set"],
@@ -372,7 +394,7 @@ def _beyond_keep_set(
             "peak_bytes": keep.peak_bytes,
             "chosen": keep.stats.get("chosen"),
         },
-        recompute_bound=_cover_stats(cover),
+        recompute_bound=cover.summary(),
     )
     if not best.feasible:  # the floor holds over every schedule, beyond keep-set too
         stats.update(
@@ -382,7 +404,7 @@ def _beyond_keep_set(
         )
     if best.feasible:
         status = SolveStatus.FEASIBLE
-        if _meets(best.objective, cover.bound_s):
+        if meets_bound(best.objective, cover.bound_s):
             status = SolveStatus.OPTIMAL
     else:
         status = SolveStatus.INFEASIBLE
@@ -398,11 +420,6 @@ def _beyond_keep_set(
     )
 
 
-def _meets(objective_s: float, bound_s: float | None) -> bool:
-    """Whether a cost meets a proven lower bound on it (rounding aside): it is optimal."""
-    return bound_s is not None and objective_s <= bound_s + 1e-12
-
-
 def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> bool:
     """Whether nothing beyond keep-set can beat ``keep``: it recomputes nothing, or its
     cost meets the recompute bound, or (nothing fitting) its peak meets the bound's floor;
@@ -410,19 +427,8 @@ def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> boo
     if keep.feasible:
         if keep.objective <= 0.0:
             return True
-        return _meets(keep.objective, cover.bound_s)
+        return meets_bound(keep.objective, cover.bound_s)
     return cover.floor_bytes >= keep.peak_bytes
-
-
-def _cover_stats(cover: RecomputeBound) -> dict[str, object]:
-    """What :func:`~chkpt_opt.solvers.bounds.recompute_bound.recompute_bound` found, as stats."""
-    return {
-        "bound_s": cover.bound_s,
-        "floor_bytes": cover.floor_bytes,
-        "steps": cover.steps,
-        "complete": cover.complete,
-        "solve_s": cover.solve_s,
-    }
 
 
 def _proves_min_peak(result: SolveResult, peak_bytes: int) -> bool:
@@ -430,11 +436,3 @@ def _proves_min_peak(result: SolveResult, peak_bytes: int) -> bool:
     return bool(result.stats.get("min_feasible_proven")) and (
         result.stats.get("min_feasible_bytes") == peak_bytes
     )
-
-
-def _is_chain(graph: CostGraph) -> bool:
-    """Whether dp_chain is exact over the whole schedule model of ``graph``."""
-    try:
-        return chain_cuts(graph)[1]
-    except SolverError:
-        return False

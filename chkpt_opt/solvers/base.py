@@ -104,6 +104,11 @@ def rank(profile: MemoryProfile, budget_bytes: int) -> tuple[int, float, float]:
     return (1, float(peak_bytes), recompute_s)
 
 
+def meets_bound(objective_s: float, bound_s: float | None) -> bool:
+    """Whether a cost meets a proven lower bound on it (rounding aside): it is optimal."""
+    return bound_s is not None and objective_s <= bound_s + 1e-12
+
+
 def best_of(results: Sequence[SolveResult]) -> SolveResult:
     """The cheapest result that fits (ties: the lower peak, then the earlier), else the
     lowest-peak one (ties: the cheaper, then the earlier): :func:`rank`, with fitting read

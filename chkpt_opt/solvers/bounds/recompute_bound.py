@@ -98,6 +98,16 @@ class RecomputeBound:
     solve_s: float
     recompute_share: Mapping[str, float] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, object]:
+        """What the bound found, as solver stats (``stats["recompute_bound"]``)."""
+        return {
+            "bound_s": self.bound_s,
+            "floor_bytes": self.floor_bytes,
+            "steps": self.steps,
+            "complete": self.complete,
+            "solve_s": self.solve_s,
+        }
+
 
 @dataclass(frozen=True)
 class _Row:

@@ -78,6 +78,13 @@ class MilpCachedSolver:
             candidate subset of cuts (never ``optimal`` then); None: every cut.
         warm_start: hint the greedy schedule to the keep-set stage, and the keep-set
             stage's schedule to the columns' program (where the backend takes hints).
+        keep_set: a keep-set result the caller already has at this budget (``auto``'s):
+            used in place of the keep-set stage (the fallback, the hint, and where it
+            fits, the columns' cost cap, exact since it lies in the space).
+        cost_cap_s: search only schedules cheaper than this (the cost of a caller's
+            incumbent, which may lie outside the space): a smaller program. Below the
+            keep-set result's cost no proof is claimed (the space's optimum may cost more
+            than the cap); nothing below the cap returns the keep-set result.
     """
 
     cache: str = "ranked"
@@ -85,6 +92,8 @@ class MilpCachedSolver:
     seed: int = 0
     max_positions: int | None = DEFAULT_MAX_POSITIONS
     warm_start: bool = True
+    keep_set: SolveResult | None = None
+    cost_cap_s: float | None = None
     name: str = "milp_cached"
 
     def __call__(
@@ -105,17 +114,26 @@ class MilpCachedSolver:
         # The keep-set optimum first (a part of the space): the warm start, the fallback,
         # and the cost cap of the columns (exact: every region of a cheaper schedule costs
         # less than it).
-        keep = solve_flat(
-            self.name,
-            graph,
-            budget_bytes,
-            deadline=deadline.share(KEEP_SET_SHARE),
-            engine=milp_engine(self.backend, self.seed),
-            max_positions=self.max_positions,
-            pruned=None,
-            warm_start_hint=self.warm_start,
-            lowest_settings={"seed": self.seed},
-        )
+        keep = self.keep_set
+        if keep is None:
+            keep = solve_flat(
+                self.name,
+                graph,
+                budget_bytes,
+                deadline=deadline.share(KEEP_SET_SHARE),
+                engine=milp_engine(self.backend, self.seed),
+                max_positions=self.max_positions,
+                pruned=None,
+                warm_start_hint=self.warm_start,
+                lowest_settings={"seed": self.seed},
+            )
+        elif keep.budget_bytes != budget_bytes or not keep.schedule.is_keep_set():
+            raise SolverError(
+                f"milp_cached's keep_set result (budget {keep.budget_bytes} bytes, "
+                f"{'keep-set' if keep.schedule.is_keep_set() else 'not keep-set'}) must be a "
+                f"keep-set schedule solved at this budget ({budget_bytes} bytes); pass the "
+                "keep-set result of this graph and budget, or None to solve for it here."
+            )
         try:
             result = self._solve(graph, budget_bytes, keep, deadline)
         except DeadlineExceeded as err:
@@ -137,10 +155,13 @@ class MilpCachedSolver:
         self, graph: CostGraph, budget_bytes: int, keep: SolveResult, deadline: Deadline
     ) -> SolveResult:
         start = time.perf_counter()
+        caps = [
+            c for c in (keep.objective if keep.feasible else None, self.cost_cap_s) if c is not None
+        ]
         model = build_interval_model(
             graph,
             positions=candidate_positions(graph, max_positions=self.max_positions),
-            max_cost_s=keep.objective if keep.feasible else None,
+            max_cost_s=min(caps, default=None),
             cache=self.cache,
             deadline=deadline,
         )
@@ -152,7 +173,11 @@ class MilpCachedSolver:
             hint_ids(graph, model, keep) if self.warm_start else None,
             deadline,
         )
-        outcome, lowest = with_lowest_peak(graph, prepared, outcome, deadline, {"seed": self.seed})
+        lowest = None
+        if not keep.feasible and self.cost_cap_s is None:  # a caller with a cap has a fit
+            outcome, lowest = with_lowest_peak(
+                graph, prepared, outcome, deadline, {"seed": self.seed}
+            )
         return finish(
             graph,
             budget_bytes,

@@ -95,6 +95,15 @@ def chain_cuts(graph: CostGraph) -> tuple[tuple[int, ...], bool]:
     return tuple(cuts), len(cuts) == len(allowed)
 
 
+def is_chain(graph: CostGraph) -> bool:
+    """Whether dp_chain is exact over the whole schedule model of ``graph`` (every allowed
+    cut is a boundary of its chain of segments)."""
+    try:
+        return chain_cuts(graph)[1]
+    except SolverError:
+        return False
+
+
 def check_supported(graph: CostGraph, order: list[str]) -> None:
     for v in order:
         attrs = graph.nodes[v]
