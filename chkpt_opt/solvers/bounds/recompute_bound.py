@@ -25,7 +25,10 @@ then: each input storage is alive at ``p`` as well, or its own owner is recomput
         fixed[p] + sum_s bytes[s] * a[s] + sum_t bytes[t] * a[t] <= budget
 
 is a relaxation of every schedule that fits (``a`` of an input ``t`` that keep-all frees
-before ``p`` adds bytes that keep-all does not have there). Its LP optimum, with the LP
+before ``p`` adds bytes that keep-all does not have there). Alive or not is a yes or no in
+every schedule, so a storage larger than what the budget leaves at ``p`` beside
+``fixed[p]`` is dead there (``a[s] = 0``): its owner is recomputed after ``p``, wholly, where
+the plain relaxation would recompute the fraction that makes room. Its LP optimum, with the LP
 solver's tolerance taken off, is a proven lower bound on the extra compute. Storages that
 keep-all holds but no later backward reads (savers without a backward) may be dropped for
 free and are left out.
@@ -378,9 +381,12 @@ class _CoverLp:
         for o, t in closure.reads:  # a recomputation reads t: alive now, or recomputed too
             at_least(0.0, (a[t], 1.0), (d[owner[t]], 1.0), (d[o], -1.0))
         # The step's memory: the bytes of what is alive within what the budget leaves.
-        memory = s.Constraint(-inf, (self.budget_bytes - row.fixed_bytes) / BYTE_SCALE)
+        room_bytes = self.budget_bytes - row.fixed_bytes
+        memory = s.Constraint(-inf, room_bytes / BYTE_SCALE)
         for x, nbytes in sizes.items():
             memory.SetCoefficient(a[x], nbytes / BYTE_SCALE)
+            if nbytes > room_bytes:  # alive or not: a storage larger than the room is not
+                a[x].SetUb(0.0)
 
     def solve(self, deadline: Deadline) -> float | None:
         """The LP optimum in seconds, or None when it did not solve to optimality."""
@@ -410,7 +416,12 @@ class _CoverLp:
                 alive[sid] = 1.0 - r.get(owner[sid], 0.0)
             for o, t in closure.reads:
                 alive[t] = max(alive[t], r.get(o, 0.0) - r.get(owner[t], 0.0))
-            excess = row.fixed_bytes + sum(sizes[x] * alive[x] for x in sizes) - self.budget_bytes
+            room_bytes = self.budget_bytes - row.fixed_bytes
+            excess = sum(sizes[x] * alive[x] for x in sizes) - room_bytes
+            # A storage larger than the room must be dead (see ``add``): any share of it
+            # alive violates the row.
+            forced = sum(sizes[x] * alive[x] for x in sizes if sizes[x] > room_bytes)
+            excess = max(excess, forced)
             if excess > 1e-6 * self.budget_bytes:
                 found.append((-excess, row.position, row))
         found.sort(key=lambda item: item[:2])
