@@ -10,9 +10,10 @@ import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.measure import measure_step
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.schedule import Schedule, cacheable_ops
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver
+from chkpt_opt.solvers.cached.local_search import neighbours
 from tests.conftest import assert_valid_result, deep_chain_at_three_quarters
 from tests.reference.general_enumerate import general_optimum, general_smallest_peak
 
@@ -54,6 +55,15 @@ def test_cached_search_is_never_worse_than_its_warm_start(budget_fraction: float
         assert result.feasible and result.objective <= start.objective + 1e-15
     else:
         assert result.peak_bytes <= start.peak_bytes
+
+
+def test_the_cached_search_splits_a_region_after_a_cached_op() -> None:
+    graph = chain_graph(8, activation_bytes=1000)
+    order = [n for n, _ in sorted(graph.nodes(data="index"), key=lambda item: item[1])]
+    start = Schedule(regions=(tuple(order[1:6]),), saved=frozenset({order[2]}))
+    moves = set(neighbours(graph, start, cacheable_ops(graph)))
+    split = Schedule(regions=(tuple(order[1:3]), tuple(order[3:6])), saved=start.saved)
+    assert split in moves
 
 
 def test_nested_schedules_go_below_the_smallest_keep_set_peak_of_a_chain() -> None:

@@ -10,7 +10,8 @@ Starting from a schedule (the caller's warm start, else the greedy heuristic's k
 schedule at the same budget), the search moves one step at a time to the best neighbour,
 judged by the simulator: cache or uncache one op of a region, or move a boundary of an
 outermost region to the next allowed cut (taking in or giving out ops, the ops taken in
-cached or not), or open a new region between two allowed cuts. It stops when no
+cached or not), split a region right after one of its cached ops, or open a new region
+between two allowed cuts. It stops when no
 neighbour is better (cheaper while fitting; a lower peak while nothing fits) or at the
 time limit. The start is a neighbour of itself, so the result
 is never worse than the warm start. A heuristic: ``feasible`` at best, no bound.
@@ -87,6 +88,12 @@ def neighbours(graph: CostGraph, schedule: Schedule, allowed: frozenset[str]) ->
                 moves.append((start, shrink_right, range(0)))
             if shrink_left is not None:
                 moves.append((shrink_left, stop, range(0)))
+        if not inside_nested:  # split the region right after one of its cached ops
+            for i in range(start, stop - 1):
+                if order[i] in schedule.saved and ok[i + 1]:
+                    regions = list(schedule.regions)
+                    regions[r : r + 1] = [tuple(order[start : i + 1]), tuple(order[i + 1 : stop])]
+                    yield Schedule(tuple(regions), schedule.nested, schedule.saved)
         for a, b, taken in moves:
             regions = list(schedule.regions)
             regions[r] = tuple(order[a:b])
