@@ -4,6 +4,7 @@ sizes, the validity check of a solver result, budgets between two peaks of a mod
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from typing import Any
 
@@ -33,7 +34,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _threads() -> None:
-    torch.set_num_threads(2)
+    # Under pytest-xdist (``-n``) the workers share the cores: one thread each.
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 # Test-size versions of the reference models: small enough for CPU tests, large enough

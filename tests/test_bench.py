@@ -159,7 +159,19 @@ def test_optimize_plots_the_predicted_and_measured_timeline(
 ) -> None:
     spec = f"{Path(__file__).parent / 'cli_models.py'}:small_mlp"
     figure = tmp_path / "timeline.png"
-    code = main(["optimize", spec, "--budget", "2MB", "--plot-timeline", str(figure), "--json"])
+    code = main(
+        [
+            "optimize",
+            spec,
+            "--budget",
+            "2MB",
+            "--plot-timeline",
+            str(figure),
+            "--json",
+            "--time-limit",
+            "10",
+        ]
+    )
     assert code == EXIT_OK
     assert json.loads(capsys.readouterr().out)["timeline_plot"] == str(figure)
     assert figure.read_bytes().startswith(PNG_MAGIC)

@@ -23,7 +23,7 @@ GPT = {"n_layer": 2, "d_model": 64, "n_head": 4, "seq_len": 32, "batch": 4, "voc
 
 def _small_budget(model, args) -> int:
     full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
-    return full.static.resident_bytes + smallest_peak(full.graph).peak_bytes
+    return full.static.resident_bytes + smallest_peak(full.graph, time_limit_s=10).peak_bytes
 
 
 def _grad_digest(model: torch.nn.Module) -> str:
@@ -53,7 +53,9 @@ print(json.dumps({"peak": peak, "grads": digest.hexdigest()}))
 
 def test_round_trip_through_a_fresh_process(tmp_path: Path) -> None:
     model, args, _ = zoo.gpt(**GPT)
-    plan = chkpt_opt.plan(model, args, budget=_small_budget(model, args), optimizer=None)
+    plan = chkpt_opt.plan(
+        model, args, budget=_small_budget(model, args), optimizer=None, time_limit_s=10
+    )
     assert plan.schedule.regions
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -82,7 +84,7 @@ def test_file_validates_against_the_published_schema(tmp_path: Path) -> None:
     budget = (
         _small_budget(model, args) + static.optimizer_state_bytes + static.optimizer_phase_bytes
     )
-    plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw")
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw", time_limit_s=10)
     path = tmp_path / "plan.json"
     plan.save(path)
     data = json.loads(path.read_text())
@@ -96,7 +98,9 @@ def test_file_validates_against_the_published_schema(tmp_path: Path) -> None:
 
 def test_file_for_other_shapes_or_another_model_is_refused(tmp_path: Path) -> None:
     model, args, _ = zoo.gpt(**GPT)
-    plan = chkpt_opt.plan(model, args, budget=_small_budget(model, args), optimizer=None)
+    plan = chkpt_opt.plan(
+        model, args, budget=_small_budget(model, args), optimizer=None, time_limit_s=10
+    )
     path = tmp_path / "plan.json"
     plan.save(path)
     other_shape = zoo.gpt(**dict(GPT, batch=8))

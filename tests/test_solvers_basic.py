@@ -32,7 +32,7 @@ def test_statuses_are_honest_and_schedules_valid(name: str, seed: int) -> None:
     g = random_dag(30, seed=seed)
     keep = simulate(g, Schedule()).peak_bytes
     for budget in (keep, int(keep * 0.8), int(keep * 0.6), int(keep * 0.3), 0):
-        result = get_solver(name)(g, budget)
+        result = get_solver(name)(g, budget, time_limit_s=3)
         assert_valid_result(g, result, budget, rel=1e-6, abs_objective=1e-12)
         if not result.feasible:
             assert result.status == SolveStatus.INFEASIBLE
@@ -61,7 +61,10 @@ def test_same_input_same_schedule() -> None:
     g = random_dag(50, seed=3)
     budget = int(simulate(g, Schedule()).peak_bytes * 0.6)
     for name in HEURISTICS:
-        assert get_solver(name)(g, budget).schedule == get_solver(name)(g, budget).schedule
+        # auto's keep-set stage proves its optimum in 3 s here; what runs after it in the
+        # limit (the cached-op program) finds nothing cheaper.
+        first, second = (get_solver(name)(g, budget, time_limit_s=8) for _ in range(2))
+        assert first.schedule == second.schedule
 
 
 def test_solve_subtracts_resident_memory() -> None:

@@ -51,7 +51,8 @@ better, from the rounded schedule, and where no keep-set schedule fits, the nest
 (multi-level) heuristic looks below the keep-set memory floor. Then, unless the best so
 far meets the recompute bound, the exact program over one-level schedules with cached ops
 (``milp_cached``, started from the keep-set result, searching only schedules cheaper than
-the best so far) runs in all the time left,
+the best so far) runs in all the time left (where nothing fits, its lowest-peak search in at
+most ``LOWEST_PEAK_SHARE`` of the limit),
 and the cached-op search from its schedule where that is the best. Proofs over parts of
 the space beyond keep-set (``dp_nested``'s, ``milp_cached``'s) are reported in
 ``stats["space_optima"]``, keyed by what each proves. A schedule from them
@@ -104,6 +105,10 @@ of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
 ROUNDING_SHARE = 0.1
 """The share of the time limit the cached-op rounding may take after the bound (it stops
 judging schedules there; measured 0.3-3 s on Hugging Face graphs of 153-636 ops)."""
+LOWEST_PEAK_SHARE = 0.25
+"""Where nothing fits, the most of the time limit the cached-op program's lowest-peak
+search takes (it rarely goes below the nested searches, and ``smallest_peak``, which every
+refused budget calls, would otherwise take the whole limit)."""
 
 
 def pick_exact(
@@ -355,7 +360,10 @@ def _beyond_keep_set(
         best = best_of([keep, *found])
         cap_s = best.objective if best.feasible else None  # only cheaper schedules matter
         cached_program = get_solver("milp_cached", keep_set=keep, cost_cap_s=cap_s)
-        run(cached_program, deadline.remaining_s())
+        left_s = deadline.remaining_s()
+        if not best.feasible and left_s is not None and deadline.limit_s is not None:
+            left_s = min(left_s, LOWEST_PEAK_SHARE * deadline.limit_s)
+        run(cached_program, left_s)
         best = best_of([keep, *found])
         exact_won = len(found) > before and found[-1] is best
         if exact_won and best.schedule.saved and not deadline.expired():

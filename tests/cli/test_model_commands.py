@@ -13,7 +13,17 @@ from tests.cli.conftest import BUDGET, SPEC, run
 
 def test_optimize_validates_within_budget(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(
-        capsys, "optimize", SPEC, "--budget", BUDGET, "--optimizer", "none", "--validate", "--json"
+        capsys,
+        "optimize",
+        SPEC,
+        "--budget",
+        BUDGET,
+        "--optimizer",
+        "none",
+        "--validate",
+        "--json",
+        "--time-limit",
+        "10",
     )
     assert code == EXIT_OK
     data = json.loads(out)
@@ -23,7 +33,17 @@ def test_optimize_validates_within_budget(capsys: pytest.CaptureFixture[str]) ->
 
 def test_validate_compile_measures_the_compiled_step(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(
-        capsys, "validate", SPEC, "--budget", BUDGET, "--optimizer", "none", "--compile", "--json"
+        capsys,
+        "validate",
+        SPEC,
+        "--budget",
+        BUDGET,
+        "--optimizer",
+        "none",
+        "--compile",
+        "--json",
+        "--time-limit",
+        "10",
     )
     data = json.loads(out)
     compiled = data["compiled"]
