@@ -319,9 +319,8 @@ def plan_traced(
         return max(1.0, time_limit_s - (time.perf_counter() - start))
 
     graph = traced.graph
-    if profile_times:
-        device = device_of(traced.captured.module, traced.args)
-        measure_region_costs(device).store(graph)
+    if profile_times and "region_overhead_s" not in graph.graph:
+        _measure_region_costs(traced)
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
@@ -402,6 +401,22 @@ def trace(
     *,
     name: str | None = None,
     tracer: str = "auto",
+    profile_times: bool = False,
 ) -> CostGraph:
-    """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`)."""
-    return trace_model(model, example_inputs, example_kwargs, name=name, method=tracer).graph
+    """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`).
+    ``profile_times`` measures on the model's device what :func:`plan` measures there with
+    it: every op's time, and what regions cost beyond their ops, so that ``trace`` then
+    ``solve`` sees the graph ``plan`` solves."""
+    traced = trace_model(
+        model, example_inputs, example_kwargs, name=name, method=tracer, profile_times=profile_times
+    )
+    if profile_times:
+        _measure_region_costs(traced)
+    return traced.graph
+
+
+def _measure_region_costs(traced: Traced) -> None:
+    """Writes what regions cost beyond their ops on the traced model's device into its
+    graph (:mod:`chkpt_opt.codegen.overhead`)."""
+    device = device_of(traced.captured.module, traced.args)
+    measure_region_costs(device).store(traced.graph)

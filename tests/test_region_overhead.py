@@ -159,3 +159,8 @@ def test_profiled_plans_measure_the_overhead() -> None:
     assert 0.0 <= made.graph.graph["cached_region_overhead_s"] < 0.05
     assert 0.0 < made.graph.graph["cached_op_overhead_s"] < 0.01  # a Python dispatch per op
     assert "region_overhead_s" not in chkpt_opt.trace(model, (torch.randn(8, 16),)).graph
+    # trace(profile_times=True) measures what plan(profile_times=True) does: trace then
+    # solve sees the graph plan solves.
+    profiled = chkpt_opt.trace(model, (torch.randn(8, 16),), profile_times=True)
+    keys = ("region_overhead_s", "cached_region_overhead_s", "cached_op_overhead_s")
+    assert all(0.0 <= profiled.graph[key] < 0.05 for key in keys)
