@@ -32,6 +32,7 @@ from chkpt_opt.attachment.attached import AttachedForward, Attachment
 from chkpt_opt.attachment.call_key import CallKey
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.budget import Budget, parse_budget
+from chkpt_opt.sharding import Sharding
 from chkpt_opt.whole_step import OptimizerArg
 
 __all__ = [
@@ -63,6 +64,7 @@ def optimize(
     profile_times: bool | None = None,
     plan_dir: str | Path | None = None,
     outputs_held: bool | None = None,
+    sharding: Sharding | None = None,
 ) -> torch.nn.Module:
     """Attaches a plan that keeps every training step of ``model`` within ``budget``;
     returns ``model`` itself.
@@ -93,6 +95,9 @@ def optimize(
             only one; True: held (``outputs = model(**batch); outputs.loss.backward()``).
             A backward that shows the loop holds them where plans counted them dropped is
             logged as a warning and planned for.
+        sharding: plan one rank of sharded training (FSDP2 or DDP,
+            :class:`~chkpt_opt.sharding.Sharding`): ``budget`` is then per rank and every
+            call one rank's local batch.
 
     Raises:
         BudgetError: an unreadable budget (at once); InfeasibleBudgetError from the call that
@@ -119,6 +124,7 @@ def optimize(
         plan_dir=Path(plan_dir) if plan_dir is not None else None,
         own_forward=model.__dict__.get("forward"),
         outputs_held=outputs_held,
+        sharding=sharding,
     )
     model.__dict__[_ATTRIBUTE] = attachment
     model.__dict__["forward"] = AttachedForward(attachment)

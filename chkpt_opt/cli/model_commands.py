@@ -16,6 +16,7 @@ from chkpt_opt.cli.output import (
     EXIT_OK,
     emit,
     optimizer_arg,
+    sharding_arg,
 )
 from chkpt_opt.errors import ChkptOptError
 
@@ -32,6 +33,7 @@ def _plan(args: argparse.Namespace, model: Any, ex_args: Any, ex_kwargs: Any, **
         solver=args.solver,
         optimizer=optimizer_arg(args.optimizer),
         time_limit_s=args.time_limit,
+        sharding=sharding_arg(args),
         **extra,
     )
 
