@@ -36,7 +36,12 @@ from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measure import device_of
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
-from chkpt_opt.sharding import Sharding, per_rank_graph, traced_module_and_sharding
+from chkpt_opt.sharding import (
+    Sharding,
+    per_rank_graph,
+    sharding_meta,
+    traced_module_and_sharding,
+)
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
 from chkpt_opt.whole_step import (
@@ -192,6 +197,7 @@ class Plan:
             bound_s=r.bound,
             torch_version=str(torch.__version__),
             chkpt_opt_version=_version(),
+            **sharding_meta(self.sharding),
         )
 
     def summary(self) -> str:

@@ -110,6 +110,29 @@ class Sharding:
         return math.ceil(scaled / self.world_size) if self.shards_states else math.ceil(scaled)
 
 
+def sharding_meta(sharding: Sharding | None) -> dict[str, Any]:
+    """What a schedule file records of ``sharding`` (nothing for one device)."""
+    return {} if sharding is None else {"sharding": dataclasses.asdict(sharding)}
+
+
+def sharding_from_meta(meta: dict[str, Any]) -> Sharding | None:
+    """The sharding a schedule file records (:func:`sharding_meta`), or None.
+
+    Raises:
+        BudgetError: for a recorded sharding with unknown fields or bad values.
+    """
+    recorded = meta.get("sharding")
+    if recorded is None:
+        return None
+    try:
+        return Sharding(**recorded)
+    except TypeError as err:
+        raise BudgetError(
+            f"the schedule file records sharding {recorded!r}, which is not a Sharding "
+            f"({err}); write it again with this version of chkpt_opt."
+        ) from None
+
+
 def unit_param_bytes(graph: CostGraph) -> tuple[int, ...]:
     """The FSDP units' parameter bytes as traced: the root unit first, then one per
     repeated layer (a graph without repeated layers is one unit)."""

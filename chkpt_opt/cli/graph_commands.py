@@ -67,7 +67,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from chkpt_opt.api import activation_budget
     from chkpt_opt.graphs.io import load_graph
     from chkpt_opt.schedule_io import save_schedule
-    from chkpt_opt.sharding import per_rank_graph
+    from chkpt_opt.sharding import per_rank_graph, sharding_meta
     from chkpt_opt.solvers import get_solver
 
     sharding = sharding_arg(args)
@@ -107,6 +107,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             status=result.status.value,
             objective_s=result.objective,
             bound_s=result.bound,
+            **sharding_meta(sharding),
         )
         data["schedule"] = str(args.output)
     gap = f", gap {result.gap:.2%}" if result.gap is not None else ""

@@ -40,6 +40,7 @@ def _plan(args: argparse.Namespace, model: Any, ex_args: Any, ex_kwargs: Any, **
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from chkpt_opt.schedule_io import save_schedule
+    from chkpt_opt.sharding import sharding_meta
     from chkpt_opt.validation import validate as run_validation
 
     model, ex_args, ex_kwargs = load_model_spec(args.model)
@@ -64,6 +65,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             solver=plan.result.solver,
             status=plan.result.status.value,
             objective_s=plan.result.objective,
+            **sharding_meta(plan.sharding),
         )
         data["schedule"] = str(args.output)
     if args.validate:
