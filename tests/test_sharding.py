@@ -3,6 +3,7 @@ the errors for bad values, and the sharding read off wrapped models."""
 
 from __future__ import annotations
 
+import copy
 import math
 import tempfile
 from fractions import Fraction
@@ -183,9 +184,49 @@ def test_optimize_plans_one_rank(graph: chkpt_opt.CostGraph) -> None:
     torch.manual_seed(0)
     net = _Stack()
     sharding = Sharding(world_size=4)
-    chkpt_opt.optimize(net, budget=200_000, sharding=sharding, profile_times=False)
+    chkpt_opt.optimize(net, budget=200_000, sharding=sharding, profile_times=False, layerwise=False)
     net(torch.randn(32, 8)).sum().backward()
     runner = chkpt_opt.attachment_of(net).runners[0]  # type: ignore[union-attr]
     static = rank_static_memory(graph, sharding, optimizer_spec("adamw"), foreach=False)
     assert runner.resident_bytes == static.resident_bytes
     assert runner.predicted_peak_bytes <= 200_000
+
+
+def _deep() -> torch.nn.Module:
+    torch.manual_seed(0)
+    net = _Stack()
+    net.layers = torch.nn.ModuleList(
+        torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+        for _ in range(3)
+    )
+    return net
+
+
+def test_layerwise_plan_checkpoints_whole_layers_in_place() -> None:
+    from chkpt_opt.attachment.layerwise import CheckpointedForward
+    from chkpt_opt.export.layers import find_layers
+
+    net, x = _deep(), torch.randn(256, 8)
+    original = copy.deepcopy(net)
+    sharding = Sharding(world_size=2)
+    with pytest.raises(BudgetError, match="example_inputs"):
+        chkpt_opt.optimize(net, budget=10**6, sharding=sharding)
+    rank = per_rank_graph(chkpt_opt.trace(net, (x,)), sharding)
+    static = rank_static_memory(rank, sharding, optimizer_spec("adamw"), foreach=False)
+    every = chkpt_opt.Schedule.from_spans(rank, list(find_layers(rank).spans))
+    low = chkpt_opt.simulate(rank, every).peak_bytes
+    high = chkpt_opt.simulate(rank, chkpt_opt.Schedule.from_spans(rank, [])).peak_bytes
+    budget = static.resident_bytes + (low + high) // 2
+    chkpt_opt.optimize(net, (x,), budget=budget, sharding=sharding, profile_times=False)
+    attached = chkpt_opt.attachment_of(net)
+    assert isinstance(attached, chkpt_opt.attachment.LayerwiseAttachment)
+    assert attached.layer_paths and attached.predicted_peak_bytes <= budget
+    assert "layer-wise" in attached.summary()
+    wrapped = [net.get_submodule(p) for p in attached.layer_paths]
+    assert all(isinstance(m.__dict__["forward"], CheckpointedForward) for m in wrapped)
+    net(x).sum().backward()
+    original(x).sum().backward()
+    for (name, a), b in zip(net.named_parameters(), original.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name
+    chkpt_opt.detach(net)
+    assert all("forward" not in m.__dict__ for m in wrapped)
