@@ -43,6 +43,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from chkpt_opt.sharding import sharding_meta
     from chkpt_opt.validation import validate as run_validation
 
+    if args.validate and args.world_size is not None:
+        print(
+            "chkpt-opt: --validate runs the step on one device, which a per-rank plan "
+            "(--world-size) does not describe; drop one of them (a sharded plan is checked "
+            "under FSDP2 itself: docs/sharded.md).",
+            file=sys.stderr,
+        )
+        return EXIT_INPUT
     model, ex_args, ex_kwargs = load_model_spec(args.model)
     plan = _plan(args, model, ex_args, ex_kwargs, tracer=args.tracer)
     data: dict[str, Any] = {

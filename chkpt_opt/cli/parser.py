@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("validate", cmd_validate, "plan, run and measure a model on a device (cpu or cuda)")
     p.add_argument("model", help="package.module:function returning (model, args[, kwargs])")
-    budget_args(p)
+    budget_args(p, sharded=False)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument(
         "--tolerance", type=float, default=0.05, help="allowed |predicted-measured|/measured"
