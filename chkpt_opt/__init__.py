@@ -26,6 +26,7 @@ from chkpt_opt.errors import (
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph, save_graph
 from chkpt_opt.schedule import Schedule
+from chkpt_opt.sharding import Sharding, sharding_of
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import (
     SolveResult,
@@ -87,6 +88,7 @@ __all__ = [
     "Plan",
     "Schedule",
     "ScheduleError",
+    "Sharding",
     "SolveResult",
     "SolveStatus",
     "SolverError",
@@ -108,6 +110,7 @@ __all__ = [
     "parse_budget",
     "plan",
     "save_graph",
+    "sharding_of",
     "simulate",
     "simulate_step",
     "smallest_peak",

@@ -36,6 +36,12 @@ from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measure import device_of
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
+from chkpt_opt.sharding import (
+    Sharding,
+    per_rank_graph,
+    sharding_meta,
+    traced_module_and_sharding,
+)
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
 from chkpt_opt.whole_step import (
@@ -78,6 +84,8 @@ class Plan:
         static: resident memory of the step (parameters, buffers, inputs, optimizer state).
         activation_budget_bytes: what the schedule may use in forward and backward.
         profile: the simulated memory timeline of the schedule.
+        sharding: the sharding the budget is one rank's of (None: one device); ``graph``
+            is then the per-rank graph (:func:`chkpt_opt.sharding.per_rank_graph`).
     """
 
     graph: CostGraph
@@ -87,6 +95,7 @@ class Plan:
     activation_budget_bytes: int
     profile: MemoryProfile
     traced: Traced = field(repr=False)
+    sharding: Sharding | None = None
     _compiled: Plan | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -188,6 +197,7 @@ class Plan:
             bound_s=r.bound,
             torch_version=str(torch.__version__),
             chkpt_opt_version=_version(),
+            **sharding_meta(self.sharding),
         )
 
     def summary(self) -> str:
@@ -196,10 +206,7 @@ class Plan:
         r = self.result
         lines = [
             f"budget: {format_bytes(self.budget.total_bytes)}",
-            f"  resident: {format_bytes(s.resident_bytes)} "
-            f"(parameters {format_bytes(s.param_bytes)}, "
-            f"optimizer state {format_bytes(s.optimizer_state_bytes)}, buffers+inputs "
-            f"{format_bytes(s.buffer_bytes + s.input_bytes)})",
+            f"  resident: {format_bytes(s.resident_bytes)} ({s.describe_resident()})",
             f"  for forward/backward: {format_bytes(self.activation_budget_bytes)}",
             f"predicted peak: {format_bytes(self.predicted_peak_bytes)} "
             f"(forward/backward {format_bytes(self.profile.peak_bytes)})",
@@ -241,6 +248,7 @@ def plan(
     time_limit_s: float | None = None,
     tracer: str = "auto",
     profile_times: bool | None = None,
+    sharding: Sharding | None = None,
 ) -> Plan:
     """Traces ``model`` and solves for the cheapest schedule whose whole step fits ``budget``.
 
@@ -267,6 +275,11 @@ def plan(
             original's step time on it, and at 1.49x and 1.67x planned on measured times
             (``benchmarks/results/cuda/cuda_times.md``). On the CPU the estimate is kept
             by default, so the same model and budget give the same plan.
+        sharding: plan one rank of sharded training (:class:`chkpt_opt.sharding.Sharding`:
+            FSDP2 or DDP, the world size); ``budget`` is then per rank and the example
+            inputs one rank's local batch. None: read off a DDP-wrapped model, else one
+            device. Plan a model before ``fully_shard`` (its sharded parameters cannot be
+            captured).
 
     Raises:
         BudgetError: unreadable budget, or below the resident memory.
@@ -275,6 +288,7 @@ def plan(
         TraceError: the model or its inputs cannot be traced.
     """
     start = time.perf_counter()
+    model, sharding = traced_module_and_sharding(model, sharding)
     if profile_times is None:
         profile_times = device_of(model, (example_inputs,)).type == "cuda"
     traced = trace_model(
@@ -288,6 +302,7 @@ def plan(
         optimizer=optimizer,
         time_limit_s=left,
         profile_times=profile_times,
+        sharding=sharding,
     )
     log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
     return made
@@ -301,12 +316,14 @@ def plan_traced(
     optimizer: OptimizerArg = "adamw",
     time_limit_s: float | None = None,
     profile_times: bool = False,
+    sharding: Sharding | None = None,
 ) -> Plan:
     """:func:`plan` for a model already traced: the budget split, the solve and the
     simulation of its schedule. ``time_limit_s`` bounds this call (at least one second for
     the solver, and again for the search for the smallest feasible budget when the budget
     cannot be met); ``profile_times`` says whether the trace measured op times, in which
-    case what regions cost beyond their ops is measured here too.
+    case what regions cost beyond their ops is measured here too; ``sharding`` as in
+    :func:`plan`.
 
     Raises:
         BudgetError, InfeasibleBudgetError: as :func:`plan`.
@@ -321,7 +338,8 @@ def plan_traced(
     graph = traced.graph
     if profile_times and "region_overhead_s" not in graph.graph:
         _measure_region_costs(traced)
-    parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
+    parsed, static, act = activation_budget(graph, budget, optimizer=optimizer, sharding=sharding)
+    graph = per_rank_graph(graph, sharding)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
         lowest = smallest_peak(graph, time_limit_s=left_s())
@@ -346,6 +364,7 @@ def plan_traced(
         activation_budget_bytes=act,
         profile=simulate(graph, result.schedule),
         traced=traced,
+        sharding=sharding,
     )
 
 

@@ -164,6 +164,15 @@ class StaticMemory:
         optimizer_step_extra_bytes: temporaries allocated by one optimizer step beyond its
             state, measured on fake tensors; with the gradients they bound the memory of the
             optimizer phase of the step.
+        resident_grad_bytes: the part of ``grad_bytes`` counted resident rather than placed
+            in time by the simulator (sharded gradients under FSDP2, DDP's buckets when
+            gradients are views of them; 0 on one device).
+        communication_bytes: per-rank memory of sharded training beyond the states: FSDP2's
+            unsharded parameters of the units alive at once and one unit's unsharded
+            gradients with its reduce-scatter buffer, DDP's gradient buckets (see
+            :mod:`chkpt_opt.sharding`); 0 on one device.
+        world_size: ranks the states are split over (1: one device, or DDP's replicas).
+        strategy: ``"fsdp2"``, ``"ddp"``, or None on one device.
     """
 
     param_bytes: int
@@ -172,18 +181,48 @@ class StaticMemory:
     optimizer_state_bytes: int
     grad_bytes: int
     optimizer_step_extra_bytes: int = 0
+    resident_grad_bytes: int = 0
+    communication_bytes: int = 0
+    world_size: int = 1
+    strategy: str | None = None
 
     @property
     def resident_bytes(self) -> int:
         """Bytes resident for the whole step (subtracted from the budget)."""
-        return self.param_bytes + self.buffer_bytes + self.input_bytes + self.optimizer_state_bytes
+        return (
+            self.param_bytes
+            + self.buffer_bytes
+            + self.input_bytes
+            + self.optimizer_state_bytes
+            + self.resident_grad_bytes
+            + self.communication_bytes
+        )
 
     @property
     def optimizer_phase_bytes(self) -> int:
         """Peak bytes above the resident ones while the optimizer steps (grads + temporaries)."""
         if self.optimizer_state_bytes == 0 and self.optimizer_step_extra_bytes == 0:
             return 0
-        return self.grad_bytes + self.optimizer_step_extra_bytes
+        return self.grad_bytes - self.resident_grad_bytes + self.optimizer_step_extra_bytes
+
+    def describe_resident(self) -> str:
+        """The resident parts in words, as every printed split shows them (per rank where
+        the step is sharded)."""
+        parts = [
+            f"parameters {format_bytes(self.param_bytes)}",
+            f"optimizer state {format_bytes(self.optimizer_state_bytes)}",
+        ]
+        if self.resident_grad_bytes:
+            parts.append(f"gradients {format_bytes(self.resident_grad_bytes)}")
+        if self.strategy == "fsdp2":
+            parts.append(f"unsharded units {format_bytes(self.communication_bytes)}")
+        elif self.strategy == "ddp":
+            parts.append(f"gradient buckets {format_bytes(self.communication_bytes)}")
+        parts.append(f"buffers+inputs {format_bytes(self.buffer_bytes + self.input_bytes)}")
+        where = (
+            f"per rank of {self.world_size}, {self.strategy}; " if self.strategy is not None else ""
+        )
+        return f"{where}{', '.join(parts)}"
 
     def step_peak_bytes(self, peak_bytes: int) -> int:
         """The peak of the whole training step when the forward and backward passes peak at
@@ -218,10 +257,8 @@ def split_budget(budget: Budget, static: StaticMemory) -> int:
     if dynamic <= 0:
         raise InfeasibleBudgetError(
             f"budget {budget.text!r} = {format_bytes(budget.total_bytes)} is below the memory "
-            f"that lives through the whole step, {format_bytes(resident)} (parameters "
-            f"{format_bytes(static.param_bytes)}, optimizer state "
-            f"{format_bytes(static.optimizer_state_bytes)}, buffers and inputs "
-            f"{format_bytes(static.buffer_bytes + static.input_bytes)}); no schedule can help. "
+            f"that lives through the whole step, {format_bytes(resident)} "
+            f"({static.describe_resident()}); no schedule can help. "
             "Raise the budget, use a lighter optimizer, or shard the parameters.",
             budget_bytes=budget.total_bytes,
             min_feasible_bytes=None,

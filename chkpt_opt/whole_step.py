@@ -33,6 +33,7 @@ from chkpt_opt.budget import (
 from chkpt_opt.errors import BudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
+from chkpt_opt.sharding import Sharding, per_rank_graph, rank_static_memory
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult, get_solver
 
@@ -66,20 +67,35 @@ def _spec_of(optimizer: OptimizerArg) -> tuple[OptimizerSpec | None, bool | None
     return optimizer_spec(name), foreach
 
 
-def static_memory_for(graph: CostGraph, optimizer: OptimizerArg = "adamw") -> StaticMemory:
-    """The resident memory of a training step of ``graph`` with ``optimizer``.
+def static_memory_for(
+    graph: CostGraph, optimizer: OptimizerArg = "adamw", *, sharding: Sharding | None = None
+) -> StaticMemory:
+    """The resident memory of a training step of ``graph`` with ``optimizer``, on one rank
+    of ``sharding`` where given (:func:`chkpt_opt.sharding.rank_static_memory`).
 
     A named optimizer is assumed to train every trainable parameter; an optimizer instance
     is sized by the parameters of its own parameter groups.
     """
     spec, foreach = _spec_of(optimizer)
     if not isinstance(optimizer, torch.optim.Optimizer):
+        if sharding is not None:
+            return rank_static_memory(graph, sharding, spec, foreach=foreach)
         return graph_static_memory(graph.graph, spec, foreach=foreach)
     params = {
         id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad
     }.values()  # frozen parameters get no gradient, hence no state
     sizes = [p.numel() * p.element_size() for p in params]
     g = graph.graph
+    if sharding is not None:
+        return rank_static_memory(
+            graph,
+            sharding,
+            spec,
+            foreach=foreach,
+            trainable_param_bytes=sum(sizes),
+            n_trainable_tensors=len(sizes),
+            largest_param_bytes=max(sizes, default=0),
+        )
     device = str(g.get("device_type", "cpu"))
     static = static_memory(
         param_bytes=g["param_bytes"],
@@ -101,12 +117,17 @@ def _device_total_bytes(graph: CostGraph) -> int | None:
 
 
 def activation_budget(
-    graph: CostGraph, budget: int | str | Budget, *, optimizer: OptimizerArg = "adamw"
+    graph: CostGraph,
+    budget: int | str | Budget,
+    *,
+    optimizer: OptimizerArg = "adamw",
+    sharding: Sharding | None = None,
 ) -> tuple[Budget, StaticMemory, int]:
-    """Parses a step budget and returns it with the resident memory and what remains for the
-    forward and backward passes (the budget a solver gets)."""
+    """Parses a step budget (per rank under ``sharding``) and returns it with the resident
+    memory and what remains for the forward and backward passes (the budget a solver gets,
+    on :func:`~chkpt_opt.sharding.per_rank_graph` of ``graph``)."""
     parsed = parse_budget(budget, device_total_bytes=_device_total_bytes(graph))
-    static = static_memory_for(graph, optimizer)
+    static = static_memory_for(graph, optimizer, sharding=sharding)
     return parsed, static, split_budget(parsed, static)
 
 
@@ -158,12 +179,17 @@ class StepProfile:
 
 
 def simulate_step(
-    graph: CostGraph, schedule: Schedule, *, optimizer: OptimizerArg = "adamw"
+    graph: CostGraph,
+    schedule: Schedule,
+    *,
+    optimizer: OptimizerArg = "adamw",
+    sharding: Sharding | None = None,
 ) -> StepProfile:
     """:func:`~chkpt_opt.simulate.simulate` of ``schedule``, with the whole step's peak for
-    ``optimizer`` (a name, an optimizer instance, or None for no optimizer state)."""
-    profile = simulate(graph, schedule)
-    static = static_memory_for(graph, optimizer)
+    ``optimizer`` (a name, an optimizer instance, or None for no optimizer state), on one
+    rank of ``sharding`` where given."""
+    profile = simulate(per_rank_graph(graph, sharding), schedule)
+    static = static_memory_for(graph, optimizer, sharding=sharding)
     return StepProfile(
         profile=profile,
         resident_bytes=static.resident_bytes,
@@ -179,6 +205,7 @@ def solve(
     solver: str = "auto",
     time_limit_s: float | None = None,
     optimizer: OptimizerArg = "adamw",
+    sharding: Sharding | None = None,
     **settings: Any,
 ) -> StepSolveResult:
     """Finds a schedule of ``graph`` for a whole-step ``budget``.
@@ -186,13 +213,15 @@ def solve(
     The resident memory (parameters, buffers, inputs, optimizer state) is subtracted first
     (:func:`chkpt_opt.budget.split_budget`); the solver gets the rest, in activation bytes.
     The result is the solver's, in those bytes, with the whole-step figures beside them
-    (:class:`StepSolveResult`).
+    (:class:`StepSolveResult`). Under ``sharding`` the budget is one rank's
+    (:mod:`chkpt_opt.sharding`) and the graph traced at one rank's local batch.
 
     Raises:
         BudgetError: if the budget cannot be parsed or is below the resident memory.
     """
-    parsed, static, act = activation_budget(graph, budget, optimizer=optimizer)
-    result = get_solver(solver, **settings)(graph, act, time_limit_s=time_limit_s)
+    parsed, static, act = activation_budget(graph, budget, optimizer=optimizer, sharding=sharding)
+    rank_graph = per_rank_graph(graph, sharding)
+    result = get_solver(solver, **settings)(rank_graph, act, time_limit_s=time_limit_s)
     return StepSolveResult(
         **{f.name: getattr(result, f.name) for f in dataclasses.fields(SolveResult)},
         step_budget_bytes=parsed.total_bytes,

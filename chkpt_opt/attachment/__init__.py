@@ -30,8 +30,10 @@ import torch
 
 from chkpt_opt.attachment.attached import AttachedForward, Attachment
 from chkpt_opt.attachment.call_key import CallKey
+from chkpt_opt.attachment.layerwise import LayerwiseAttachment, attach_layerwise
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.budget import Budget, parse_budget
+from chkpt_opt.sharding import Sharding
 from chkpt_opt.whole_step import OptimizerArg
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "Attachment",
     "AttachmentStats",
     "CallKey",
+    "LayerwiseAttachment",
     "Runner",
     "attachment_of",
     "detach",
@@ -48,6 +51,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ATTRIBUTE = "_chkpt_opt_attachment"
+_LAYERWISE = "_chkpt_opt_layerwise"
 
 
 def optimize(
@@ -63,6 +67,8 @@ def optimize(
     profile_times: bool | None = None,
     plan_dir: str | Path | None = None,
     outputs_held: bool | None = None,
+    sharding: Sharding | None = None,
+    layerwise: bool | None = None,
 ) -> torch.nn.Module:
     """Attaches a plan that keeps every training step of ``model`` within ``budget``;
     returns ``model`` itself.
@@ -93,6 +99,15 @@ def optimize(
             only one; True: held (``outputs = model(**batch); outputs.loss.backward()``).
             A backward that shows the loop holds them where plans counted them dropped is
             logged as a warning and planned for.
+        sharding: plan one rank of sharded training (FSDP2 or DDP,
+            :class:`~chkpt_opt.sharding.Sharding`): ``budget`` is then per rank and every
+            call one rank's local batch.
+        layerwise: run the model's own forward with the plan lowered to whole decoder
+            layers checkpointed in place (:mod:`~chkpt_opt.attachment.layerwise`), so that
+            per-layer hooks (FSDP2's ``fully_shard``) fire; planned at once from
+            ``example_inputs``/``example_kwargs``, which it requires. None (the default):
+            layer-wise under FSDP2 sharding, the whole-graph plan otherwise. Call
+            ``optimize`` before ``fully_shard``.
 
     Raises:
         BudgetError: an unreadable budget (at once); InfeasibleBudgetError from the call that
@@ -101,6 +116,22 @@ def optimize(
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
     detach(model)
+    if layerwise is None:
+        layerwise = sharding is not None and sharding.strategy == "fsdp2"
+    if layerwise:
+        model.__dict__[_LAYERWISE] = attach_layerwise(
+            model,
+            example_inputs,
+            example_kwargs,
+            budget=budget,
+            solver=solver,
+            optimizer=optimizer,
+            time_limit_s=time_limit_s,
+            tracer=tracer,
+            profile_times=profile_times,
+            sharding=sharding,
+        )
+        return model
     if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
         log.warning(
             "%s has Hugging Face gradient checkpointing enabled; chkpt_opt plans the model as "
@@ -119,6 +150,7 @@ def optimize(
         plan_dir=Path(plan_dir) if plan_dir is not None else None,
         own_forward=model.__dict__.get("forward"),
         outputs_held=outputs_held,
+        sharding=sharding,
     )
     model.__dict__[_ATTRIBUTE] = attachment
     model.__dict__["forward"] = AttachedForward(attachment)
@@ -145,6 +177,9 @@ def _plan_ahead(attachment: Attachment, example_inputs: Any, kwargs: dict[str, A
 def detach(model: torch.nn.Module) -> torch.nn.Module:
     """Removes the plan :func:`optimize` attached: ``model`` runs its own forward again.
     Returns ``model``; a model with no plan attached is returned as it is."""
+    layerwise = model.__dict__.pop(_LAYERWISE, None)
+    if layerwise is not None:
+        layerwise.detach()
     attachment = model.__dict__.pop(_ATTRIBUTE, None)
     if attachment is None:
         return model
@@ -154,10 +189,11 @@ def detach(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def attachment_of(model: torch.nn.Module) -> Attachment | None:
+def attachment_of(model: torch.nn.Module) -> Attachment | LayerwiseAttachment | None:
     """The plan attached to ``model`` by :func:`optimize`, or None: its runners (one per
-    input signature seen, with its schedule and predicted peak) and its stats."""
-    return model.__dict__.get(_ATTRIBUTE)
+    input signature seen, with its schedule and predicted peak) and its stats; or, for a
+    layer-wise plan, the plan, its lowering and the layers checkpointed."""
+    return model.__dict__.get(_ATTRIBUTE) or model.__dict__.get(_LAYERWISE)
 
 
 def _device_total_bytes(model: torch.nn.Module) -> int | None:

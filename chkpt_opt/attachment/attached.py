@@ -48,6 +48,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, apply_measured_times, trace_model
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.schedule import Schedule
+from chkpt_opt.sharding import Sharding, per_rank_graph
 from chkpt_opt.simulate import simulate
 from chkpt_opt.whole_step import OptimizerArg, activation_budget
 
@@ -71,6 +72,7 @@ class Attachment:
     profile_times: bool | None = None
     plan_dir: Path | None = None
     own_forward: Callable[..., Any] | None = None
+    sharding: Sharding | None = None
     stats: AttachmentStats = field(default_factory=AttachmentStats)
     _runners: OrderedDict[CallKey, Runner] = field(default_factory=OrderedDict, repr=False)
     # (family, made for a loop that drops the outputs) -> (input elements, schedule)
@@ -224,8 +226,10 @@ class Attachment:
         drops = can_drop and self.outputs_held is False
         if drops:
             traced = dataclasses.replace(traced, graph=dropping_outputs(traced.graph))
-        graph = traced.graph
-        _, static, act = activation_budget(graph, self.budget, optimizer=self.optimizer)
+        _, static, act = activation_budget(
+            traced.graph, self.budget, optimizer=self.optimizer, sharding=self.sharding
+        )
+        graph = per_rank_graph(traced.graph, self.sharding)
         elements = key.input_elements
         made = self._families.setdefault((key.family, drops), [])
         schedule, source = self._reusable(key, made, graph, act), "reused"
@@ -325,7 +329,8 @@ class Attachment:
         optimizer = self.optimizer
         if optimizer is not None and not isinstance(optimizer, str):
             optimizer = type(optimizer).__name__
-        return (self.budget.total_bytes, optimizer, self.solver, self.profile_times)
+        settings = (self.budget.total_bytes, optimizer, self.solver, self.profile_times)
+        return settings if self.sharding is None else (*settings, self.sharding)
 
     def _stored(self, graph: CostGraph) -> Schedule | None:
         if self.plan_dir is None:
@@ -353,6 +358,7 @@ class Attachment:
             optimizer=self.optimizer,
             time_limit_s=self.time_limit_s,
             profile_times=profile,
+            sharding=self.sharding,
         )
         self.stats.solve_s += time.perf_counter() - start
         log.info("chkpt_opt plan for %s:\n%s", type(self.model).__name__, made.summary())

@@ -48,10 +48,13 @@ def over_budget_message(lowering: Lowering, schedule_path: Path, step_budget: ob
 def cmd_export(args: argparse.Namespace) -> int:
     from chkpt_opt.graphs.io import load_graph
     from chkpt_opt.schedule_io import load_schedule
+    from chkpt_opt.sharding import per_rank_graph, sharding_from_meta
 
     graph = load_graph(args.graph)
     loaded = load_schedule(args.schedule)
     loaded.check_against(graph)
+    # A schedule solved for one rank is lowered on that rank's graph (its gradients resident).
+    graph = per_rank_graph(graph, sharding_from_meta(loaded.meta))
     if args.target == "snapshot":
         from chkpt_opt.export.snapshot import save_predicted_snapshot
 

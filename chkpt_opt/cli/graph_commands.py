@@ -12,7 +12,14 @@ from typing import Any
 
 from chkpt_opt.budget import format_bytes
 from chkpt_opt.cli.model_spec import load_model_spec
-from chkpt_opt.cli.output import EXIT_INFEASIBLE, EXIT_OK, Progress, emit, optimizer_arg
+from chkpt_opt.cli.output import (
+    EXIT_INFEASIBLE,
+    EXIT_OK,
+    Progress,
+    emit,
+    optimizer_arg,
+    sharding_arg,
+)
 from chkpt_opt.errors import GraphFormatError
 
 
@@ -60,12 +67,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from chkpt_opt.api import activation_budget
     from chkpt_opt.graphs.io import load_graph
     from chkpt_opt.schedule_io import save_schedule
+    from chkpt_opt.sharding import per_rank_graph, sharding_meta
     from chkpt_opt.solvers import get_solver
 
+    sharding = sharding_arg(args)
     graph = load_graph(args.graph)
     budget, static, act = activation_budget(
-        graph, args.budget, optimizer=optimizer_arg(args.optimizer)
+        graph, args.budget, optimizer=optimizer_arg(args.optimizer), sharding=sharding
     )
+    graph = per_rank_graph(graph, sharding)
     result = get_solver(args.solver)(graph, act, time_limit_s=args.time_limit)
     predicted = static.step_peak_bytes(result.peak_bytes)
     data = {
@@ -97,6 +107,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             status=result.status.value,
             objective_s=result.objective,
             bound_s=result.bound,
+            **sharding_meta(sharding),
         )
         data["schedule"] = str(args.output)
     gap = f", gap {result.gap:.2%}" if result.gap is not None else ""
@@ -105,7 +116,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         data,
         [
             f"budget {format_bytes(budget.total_bytes)}: "
-            f"resident {format_bytes(static.resident_bytes)}, "
+            f"resident {format_bytes(static.resident_bytes)} ({static.describe_resident()}), "
             f"forward/backward {format_bytes(act)}",
             f"{result.solver}: {result.status.value}{gap}; {len(result.schedule.regions)} regions; "
             f"extra compute {result.objective:.4g} s; predicted peak {format_bytes(predicted)}; "

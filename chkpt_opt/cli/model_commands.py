@@ -16,6 +16,7 @@ from chkpt_opt.cli.output import (
     EXIT_OK,
     emit,
     optimizer_arg,
+    sharding_arg,
 )
 from chkpt_opt.errors import ChkptOptError
 
@@ -32,14 +33,24 @@ def _plan(args: argparse.Namespace, model: Any, ex_args: Any, ex_kwargs: Any, **
         solver=args.solver,
         optimizer=optimizer_arg(args.optimizer),
         time_limit_s=args.time_limit,
+        sharding=sharding_arg(args),
         **extra,
     )
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from chkpt_opt.schedule_io import save_schedule
+    from chkpt_opt.sharding import sharding_meta
     from chkpt_opt.validation import validate as run_validation
 
+    if args.validate and args.world_size is not None:
+        print(
+            "chkpt-opt: --validate runs the step on one device, which a per-rank plan "
+            "(--world-size) does not describe; drop one of them (a sharded plan is checked "
+            "under FSDP2 itself: docs/sharded.md).",
+            file=sys.stderr,
+        )
+        return EXIT_INPUT
     model, ex_args, ex_kwargs = load_model_spec(args.model)
     plan = _plan(args, model, ex_args, ex_kwargs, tracer=args.tracer)
     data: dict[str, Any] = {
@@ -62,6 +73,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             solver=plan.result.solver,
             status=plan.result.status.value,
             objective_s=plan.result.objective,
+            **sharding_meta(plan.sharding),
         )
         data["schedule"] = str(args.output)
     if args.validate:

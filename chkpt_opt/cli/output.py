@@ -40,3 +40,24 @@ def emit(args: argparse.Namespace, data: dict[str, Any], lines: Sequence[str]) -
 def optimizer_arg(value: str) -> str | None:
     """The ``--optimizer`` value as the API takes it (``none`` counts no optimizer state)."""
     return None if value.lower() == "none" else value
+
+
+def sharding_arg(args: argparse.Namespace) -> Any:
+    """The :class:`~chkpt_opt.sharding.Sharding` of ``--world-size``/``--sharding``
+    (None without ``--world-size``; ``--sharding`` alone is refused)."""
+    from chkpt_opt.errors import BudgetError
+    from chkpt_opt.sharding import Sharding
+
+    world = getattr(args, "world_size", None)
+    if world is None:
+        if getattr(args, "sharding", None) is not None:
+            raise BudgetError(
+                f"--sharding {args.sharding} needs --world-size N, the number of ranks."
+            )
+        return None
+    return Sharding(
+        world_size=world,
+        strategy=args.sharding or "fsdp2",
+        reshard_after_forward=args.reshard_after_forward,
+        master_element_bytes=args.master_element_bytes,
+    )

@@ -27,6 +27,7 @@ EXAMPLES = """examples:
   chkpt-opt solve gpt.json --budget 200MB --solver auto -o gpt.schedule.json
   chkpt-opt simulate gpt.json gpt.schedule.json --timeline
   chkpt-opt optimize chkpt_opt.zoo:resnet --budget 0.1GiB --validate
+  chkpt-opt optimize chkpt_opt.zoo:gpt --budget 0.1GB --world-size 8 --sharding fsdp2
   chkpt-opt validate chkpt_opt.zoo:gpt --budget 0.3GB --compile
   chkpt-opt validate chkpt_opt.zoo:gpt --budget 0.3GB --device cuda
   chkpt-opt show gpt.json
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="graph name (default: the function's name)")
     p.add_argument("--tracer", default="auto", choices=["auto", "export", "fx"])
 
-    def budget_args(p: argparse.ArgumentParser) -> None:
+    def budget_args(p: argparse.ArgumentParser, *, sharded: bool = True) -> None:
         p.add_argument(
             "--budget", required=True, help='whole-step budget: "20GB", "20GiB", bytes, "80%%"'
         )
@@ -86,6 +87,32 @@ def build_parser() -> argparse.ArgumentParser:
             "--optimizer", default="adamw", help="optimizer whose state to count, or none"
         )
         p.add_argument("--time-limit", type=float, default=None, help="solver time limit, seconds")
+        if not sharded:
+            return
+        p.add_argument(
+            "--world-size",
+            type=int,
+            default=None,
+            help="ranks of sharded training: --budget is then per rank, the model's inputs "
+            "one rank's local batch",
+        )
+        p.add_argument(
+            "--sharding", choices=["fsdp2", "ddp"], default=None, help="with --world-size"
+        )
+        p.add_argument(
+            "--reshard-after-forward",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="FSDP2's setting for the layer units (default: on)",
+        )
+        p.add_argument(
+            "--master-element-bytes",
+            type=int,
+            default=None,
+            help="bytes per element of the sharded parameters, gradients and optimizer "
+            "states where they differ from the traced model's (4: fp32 master weights of "
+            "a bf16 model)",
+        )
 
     p = add("solve", cmd_solve, "solve a cost graph for a budget")
     p.add_argument("graph", type=Path)
@@ -152,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "model", help="package.module:function taking batch= and returning (model, args[, kwargs])"
     )
-    budget_args(p)
+    budget_args(p, sharded=False)
     p.add_argument("--max-batch", type=int, default=4096)
 
     p = add(
@@ -169,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("validate", cmd_validate, "plan, run and measure a model on a device (cpu or cuda)")
     p.add_argument("model", help="package.module:function returning (model, args[, kwargs])")
-    budget_args(p)
+    budget_args(p, sharded=False)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument(
         "--tolerance", type=float, default=0.05, help="allowed |predicted-measured|/measured"

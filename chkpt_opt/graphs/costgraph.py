@@ -50,9 +50,10 @@ Graph attributes: ``format_version``, ``name``, ``param_bytes``, ``trainable_par
 ``buffer_bytes``, ``input_bytes``, ``largest_param_bytes``, ``n_trainable_tensors`` (for
 optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``, ``meta``),
 ``outputs`` (names of the nodes whose values the step returns), ``tracer``,
-``torch_version``, ``cost_model``; optionally ``region_overhead_s``,
-``cached_region_overhead_s`` and ``cached_op_overhead_s`` (what regions cost beyond their
-ops: :mod:`chkpt_opt.region_replay`), ``workspace_model``
+``torch_version``, ``cost_model``; optionally ``param_elements`` (for per-rank budgets in
+another dtype), ``region_overhead_s``, ``cached_region_overhead_s`` and
+``cached_op_overhead_s`` (what regions cost beyond their ops:
+:mod:`chkpt_opt.region_replay`), ``workspace_model``
 (``measured-cuda`` where the kernel workspace the allocator holds beyond tensors was measured
 on the device and added to the workspace attributes) and ``grad_outputs`` (the outputs whose
 gradient the step seeds, where not all: a model's loss beside its logits).

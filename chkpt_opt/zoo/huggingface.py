@@ -234,3 +234,46 @@ FAMILIES: dict[str, Callable[..., Built]] = {
     "vit": vit,
     "mixtral": mixtral,
 }
+
+
+LLAMA2_SIZES: dict[str, dict[str, int]] = {
+    "7b": {"hidden_size": 4096, "intermediate_size": 11008, "layers": 32, "heads": 32, "kv": 32},
+    "70b": {"hidden_size": 8192, "intermediate_size": 28672, "layers": 80, "heads": 64, "kv": 8},
+}
+"""The Llama 2 configurations (vocabulary 32000) planned on the meta device."""
+
+
+def llama2_meta(
+    size: str = "7b", *, batch: int = 2, seq: int = 4096, layers: int | None = None
+) -> Built:
+    """A Llama 2 of ``size`` (``"7b"``, ``"70b"``) on the meta device in bf16: no weights
+    are allocated, so a plan of the real size costs host memory for its graph alone. The
+    inputs are one rank's local batch of ``batch`` x ``seq`` tokens (loss inside)."""
+    import transformers
+
+    shape = LLAMA2_SIZES[size]
+    config = transformers.LlamaConfig(
+        vocab_size=32000,
+        hidden_size=shape["hidden_size"],
+        intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=layers or shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv"],
+        max_position_embeddings=seq,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
+    with torch.device("meta"):
+        hf = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    return LossOf(hf, ("input_ids", "labels")).train(), (ids, ids), {}
+
+
+def llama2_7b_meta() -> Built:
+    """Model spec: :func:`llama2_meta` ``("7b")``, a local batch of 2 x 4096 tokens."""
+    return llama2_meta("7b")
+
+
+def llama2_70b_meta() -> Built:
+    """Model spec: :func:`llama2_meta` ``("70b")``, a local batch of 1 x 4096 tokens."""
+    return llama2_meta("70b", batch=1)

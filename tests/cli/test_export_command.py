@@ -81,3 +81,28 @@ def test_lowering_within_the_budget_exits_0_and_writes(
     data = json.loads(out)
     assert data["meets_budget"] and data["lowered_peak_bytes"] <= data["budget_bytes"]
     assert json.loads(output.read_text())["settings"] == data["settings"]
+
+
+def test_a_per_rank_schedule_is_lowered_on_the_rank_graph(
+    gpt_graph: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The schedule file records its sharding; the lowering is checked against the rank's
+    forward/backward budget on the graph without parameter gradients in time."""
+    schedule = gpt_graph.with_name("gpt.rank.schedule.json")
+    argv = ["solve", str(gpt_graph), "--budget", "10MB", "--world-size", "4", "--solver"]
+    assert main([*argv, "greedy", "-o", str(schedule)]) == EXIT_OK
+    recorded = json.loads(schedule.read_text())["sharding"]
+    assert recorded["world_size"] == 4 and recorded["strategy"] == "fsdp2"
+    capsys.readouterr()
+    code, out, _ = run(capsys, "export", str(gpt_graph), str(schedule), "--target", "torchtitan")
+    assert code == EXIT_OK, out
+    from chkpt_opt import Sharding, load_graph, simulate
+    from chkpt_opt.schedule_io import load_schedule
+    from chkpt_opt.sharding import per_rank_graph
+
+    code, out, _ = run(
+        capsys, "export", str(gpt_graph), str(schedule), "--target", "torchtitan", "--json"
+    )
+    rank = per_rank_graph(load_graph(gpt_graph), Sharding(world_size=4))
+    exact = simulate(rank, load_schedule(schedule).schedule).peak_bytes
+    assert json.loads(out)["exact_peak_bytes"] == exact

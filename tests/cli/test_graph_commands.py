@@ -98,3 +98,18 @@ def test_untraceable_or_missing_model_exits_4(
     code, _, err = run(capsys, "trace", f"{model_file}:build", "-o", str(tmp_path / "x.json"))
     assert code == EXIT_TRACE
     assert "cannot be traced" in err
+
+
+def test_solve_with_world_size_splits_the_budget_per_rank(
+    capsys: pytest.CaptureFixture[str], graph_file: Path
+) -> None:
+    code, out, _ = run(capsys, "solve", str(graph_file), "--budget", "1MB", "--json")
+    whole = json.loads(out)
+    argv = ["solve", str(graph_file), "--budget", "1MB", "--world-size", "8", "--sharding"]
+    code, out, _ = run(capsys, *argv, "fsdp2", "--json")
+    rank = json.loads(out)
+    assert code == EXIT_OK and rank["resident_bytes"] < whole["resident_bytes"]
+    code, out, _ = run(capsys, *argv[:3], "5MB", *argv[4:], "ddp")
+    assert "per rank of 8, ddp" in out and "gradient buckets" in out
+    code, _, err = run(capsys, "solve", str(graph_file), "--budget", "1MB", "--sharding", "ddp")
+    assert code == EXIT_INPUT and "--world-size" in err

@@ -92,3 +92,9 @@ def test_validate_profile_times_defaults_to_the_device(flag: tuple[str, ...], va
     the CPU); either flag forces it."""
     options = build_parser().parse_args(["validate", SPEC, "--budget", BUDGET, *flag])
     assert options.profile_times is value
+
+
+def test_optimize_refuses_to_validate_a_per_rank_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("optimize", SPEC, "--budget", BUDGET, "--world-size", "2", "--validate")
+    code, _, err = run(capsys, *argv)
+    assert code == EXIT_INPUT and "--world-size" in err

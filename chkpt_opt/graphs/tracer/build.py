@@ -114,6 +114,7 @@ class _Builder(OpNodes):
         )
         graph.graph["device_type"] = self.device_type
         graph.graph["param_bytes"] = sum(nbytes(p) for p in params)
+        graph.graph["param_elements"] = sum(p.numel() for p in params)
         seen.clear()
         graph.graph["trainable_param_bytes"] = sum(nbytes(p) for p in params if p.requires_grad)
         seen.clear()

@@ -1,0 +1,123 @@
+"""FSDP2 (``fully_shard`` per decoder layer and at the root) over a model with a layer-wise
+plan attached: the parameters and gradients of FSDP2 over the original (gloo, two CPU
+processes), and every rank's measured peak within its per-rank budget."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.attachment.tiny_models import tiny_llama
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 256
+WORLD = 2
+BATCH, SEQ = 4, 64
+STEPS = 2
+
+
+def _model() -> torch.nn.Module:
+    return tiny_llama(vocab=VOCAB, layers=4, intermediate=128, max_positions=SEQ)
+
+
+def _budget_bytes() -> int:
+    """Halfway between every layer checkpointed and none, for one rank."""
+    import chkpt_opt
+    from chkpt_opt.export.layers import find_layers
+    from chkpt_opt.schedule import Schedule
+    from chkpt_opt.sharding import Sharding, per_rank_graph
+    from chkpt_opt.whole_step import static_memory_for
+
+    ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
+    graph = chkpt_opt.trace(_model(), (), {"input_ids": ids, "labels": ids, "use_cache": False})
+    sharding = Sharding(world_size=WORLD)
+    rank = per_rank_graph(graph, sharding)
+    every = Schedule.from_spans(rank, list(find_layers(rank).spans))
+    low = chkpt_opt.simulate(rank, every).peak_bytes
+    high = chkpt_opt.simulate(rank, Schedule.from_spans(rank, [])).peak_bytes
+    return static_memory_for(graph, "adamw", sharding=sharding).resident_bytes + (low + high) // 2
+
+
+def _local_bytes(tensors: list[torch.Tensor]) -> int:
+    from torch.distributed.tensor import DTensor
+
+    return sum(
+        (t.to_local() if isinstance(t, DTensor) else t).untyped_storage().nbytes() for t in tensors
+    )
+
+
+def _ranks_steps(rank: int, store: str, out: str, budget: int) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    import chkpt_opt
+    from chkpt_opt.graphs.tracer.storage import StorageTracker
+    from chkpt_opt.sharding import Sharding
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        gen = torch.Generator().manual_seed(10 + rank)
+        batches = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen) for _ in range(STEPS)]
+        original = _model()
+        planned = chkpt_opt.optimize(  # before fully_shard: the plan captures plain tensors
+            copy.deepcopy(original),
+            budget=budget,
+            sharding=Sharding(world_size=WORLD),
+            example_kwargs={"input_ids": batches[0], "labels": batches[0]},
+            time_limit_s=2,
+            profile_times=False,
+        )
+        attached = chkpt_opt.attachment_of(planned)
+        result: dict[str, object] = {
+            "layers": list(attached.layer_paths),  # type: ignore[union-attr]
+            "predicted": attached.predicted_peak_bytes,  # type: ignore[union-attr]
+            "summary": attached.summary(),  # type: ignore[union-attr]
+        }
+        states = {}
+        for name, model in (("original", original), ("planned", planned)):
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+            peaks = []
+            grads = []
+            for ids in batches:
+                optimizer.zero_grad(set_to_none=True)
+                resident = _local_bytes(list(model.parameters()))
+                resident += _local_bytes([v for s in optimizer.state.values() for v in s.values()])
+                with StorageTracker() as tracker:
+                    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+                    grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
+                    optimizer.step()
+                peaks.append(resident + ids.untyped_storage().nbytes() + tracker.peak_bytes)
+            params = {n: p.full_tensor() for n, p in model.named_parameters()}
+            states[name] = (grads, params)
+            result[f"{name}_peaks"] = peaks
+        torch.save(states, os.path.join(out, f"rank{rank}.pt"))
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # about 18 s on 2 cores: two processes, each tracing and planning
+def test_fsdp2_over_a_layerwise_plan_equals_fsdp2_within_the_rank_budget(tmp_path: Path) -> None:
+    budget = _budget_bytes()
+    mp.spawn(_ranks_steps, args=(str(tmp_path / "store"), str(tmp_path), budget), nprocs=WORLD)
+    for rank in range(WORLD):
+        states = torch.load(tmp_path / f"rank{rank}.pt")
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        (planned_grads, planned_params), (grads, params) = states["planned"], states["original"]
+        for got, want in zip(planned_grads, grads, strict=True):
+            assert all(torch.equal(got[n], want[n]) for n in want), rank
+        assert all(torch.equal(planned_params[n], params[n]) for n in params), rank
+        assert result["layers"], result["summary"]  # the budget needs checkpointed layers
+        assert max(result["planned_peaks"]) <= budget, (result, budget)
+        assert max(result["original_peaks"]) > budget, (result, budget)

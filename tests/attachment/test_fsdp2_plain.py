@@ -1,0 +1,109 @@
+"""FSDP2 (``fully_shard`` per layer and at the root) over a plain PyTorch model with a
+layer-wise plan attached: the gradients of FSDP2 over the original and a measured per-rank
+peak within the per-rank budget (gloo, two CPU processes). Nothing here imports
+transformers, so the processes start and plan in seconds (the Llama case, slower, is in
+``test_fsdp2.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+
+
+def _local_bytes(tensors: list[torch.Tensor]) -> int:
+    from torch.distributed.tensor import DTensor
+
+    return sum(
+        (t.to_local() if isinstance(t, DTensor) else t).untyped_storage().nbytes() for t in tensors
+    )
+
+
+class _Stack(torch.nn.Module):
+    """Three MLP layers between an input projection and a head: no transformers import,
+    so the two processes start and plan in seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(16, 32)
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+            for _ in range(3)
+        )
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x).square().mean()
+
+
+def _stack_budget_bytes(x: torch.Tensor) -> int:
+    import chkpt_opt
+    from chkpt_opt.export.layers import find_layers
+    from chkpt_opt.schedule import Schedule
+    from chkpt_opt.sharding import Sharding, per_rank_graph
+    from chkpt_opt.whole_step import static_memory_for
+
+    graph = chkpt_opt.trace(_Stack(), (x,))
+    sharding = Sharding(world_size=WORLD)
+    rank = per_rank_graph(graph, sharding)
+    low = chkpt_opt.simulate(rank, Schedule.from_spans(rank, list(find_layers(rank).spans)))
+    high = chkpt_opt.simulate(rank, Schedule.from_spans(rank, []))
+    resident = static_memory_for(graph, "sgd", sharding=sharding).resident_bytes
+    return resident + (low.peak_bytes + high.peak_bytes) // 2
+
+
+def _stack_ranks(rank: int, store: str, out: str) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    import chkpt_opt
+    from chkpt_opt.graphs.tracer.storage import StorageTracker
+    from chkpt_opt.sharding import Sharding
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        x = torch.randn(512, 16, generator=torch.Generator().manual_seed(rank))
+        budget = _stack_budget_bytes(x)  # the same on both ranks: the shapes are
+        original = _Stack()
+        planned = chkpt_opt.optimize(
+            _Stack(), (x,), budget=budget, sharding=Sharding(WORLD), optimizer="sgd"
+        )
+        result: dict[str, object] = {
+            "budget": budget,
+            "layers": list(chkpt_opt.attachment_of(planned).layer_paths),
+        }  # type: ignore[union-attr]
+        grads = {}
+        for name, model in (("original", original), ("planned", planned)):
+            for layer in model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+            resident = _local_bytes(list(model.parameters())) + x.untyped_storage().nbytes()
+            with StorageTracker() as tracker:
+                model(x).backward()
+            result[name] = resident + tracker.peak_bytes
+            grads[name] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        torch.save(grads, os.path.join(out, f"stack{rank}.pt"))
+        Path(out, f"stack{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_runs_a_layerwise_plan_of_a_plain_model(tmp_path: Path) -> None:
+    """The same on a plain PyTorch model, fast enough for every run (a few seconds)."""
+    mp.spawn(_stack_ranks, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
+    for rank in range(WORLD):
+        grads = torch.load(tmp_path / f"stack{rank}.pt")
+        result = json.loads((tmp_path / f"stack{rank}.json").read_text())
+        assert all(torch.equal(grads["planned"][n], g) for n, g in grads["original"].items())
+        budget = result["budget"]
+        assert result["layers"] and result["planned"] <= budget < result["original"], result
