@@ -157,15 +157,21 @@ def against_hf(
     hf_peak = tracked_peak(hf_ckpt, args)
     row["hf_ckpt_mib"] = round(hf_peak / MIB, 2)
     modules: dict[str, nn.Module] = {"original": model, "hf": hf_ckpt}
-    start = time.perf_counter()
-    try:
-        made = plan_traced(
+
+    def plan_for(solver: str) -> Plan:
+        """The plan of ``solver`` at HF checkpointing's peak, on the keep-all trace."""
+        return plan_traced(
             base.traced,
             budget=base.static.resident_bytes + hf_peak,
             optimizer=None,
+            solver=solver,
             time_limit_s=time_limit_s,
             profile_times=True,
         )
+
+    start = time.perf_counter()
+    try:
+        made = plan_for("auto")
     except InfeasibleBudgetError as err:
         row["plan_status"] = "infeasible"
         row["note"] = str(err)
@@ -184,14 +190,7 @@ def against_hf(
         keep_set = None
         for solver in KEEP_SET_SOLVERS:  # the first that accepts the graph
             try:
-                keep_set = plan_traced(
-                    base.traced,
-                    budget=base.static.resident_bytes + hf_peak,
-                    optimizer=None,
-                    solver=solver,
-                    time_limit_s=time_limit_s,
-                    profile_times=True,
-                )
+                keep_set = plan_for(solver)
                 break
             except SolverError as err:
                 log(f"  keep-set plan: {solver} refused the graph ({err})")
