@@ -19,6 +19,11 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile
 
+INF_BYTES = 1 << 62
+"""Above every byte total of a graph, in bytes: no limit (``-INF_BYTES``: below every total,
+the maximum of nothing). The DP solvers' sums are 64-bit integers, so a graph's byte totals
+must stay below it."""
+
 
 class SolveStatus(str, enum.Enum):
     """How good a result is known to be.

@@ -94,11 +94,11 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, region_overhead_s
 from chkpt_opt.schedule import Schedule, check_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
+from chkpt_opt.solvers.base import INF_BYTES, SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.judge import check_prediction
 from chkpt_opt.solvers.interval.prepare import keep_all_result
-from chkpt_opt.solvers.nested.recurrence import INF_BYTES, NestedDp
+from chkpt_opt.solvers.nested.recurrence import NestedDp
 from chkpt_opt.solvers.nested.separator_chain import UNITS, separator_chain
 from chkpt_opt.solvers.nested.top_frame import top_plan
 from chkpt_opt.solvers.nested.unit_chain import (

@@ -36,14 +36,12 @@ from dataclasses import dataclass
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, edge_uses, ordered_nodes, storage_owners
 from chkpt_opt.schedule import Schedule, cut_positions, region_tree
+from chkpt_opt.solvers.base import INF_BYTES
 
 Plan = tuple[tuple, ...]
 """A region tree: ``(start, stop, children)`` for each region at one level, by position,
 and ``(unit, k)`` for each plain unit there that runs its option ``k``
 (:attr:`NestedChain.options`)."""
-
-NO_STEPS = -(1 << 62)
-"""The bytes of a part of a unit's backward that has no steps (below every sum)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +107,7 @@ class NestedChain:
         bwd_post: like ``bwd_base`` for the backward steps from the unit's last packer on
             (those after the replay when the unit holds a region's last packer).
         bwd_pre: the bytes of the backward steps before it, which then run before the
-            replay with nothing of the region alive (``NO_STEPS``: none).
+            replay with nothing of the region alive (``-INF_BYTES``: none).
         exact: whether the DP counts every plan's steps exactly as the simulator does
             (always for a simple chain; see :mod:`~chkpt_opt.solvers.nested.separator_chain`);
             otherwise it counts no step below the simulator, and at most
@@ -297,7 +295,7 @@ def simple_chain(graph: CostGraph) -> NestedChain:
         w_run=w,
         w_stop=w,
         bwd_post=bwd_base,
-        bwd_pre=(NO_STEPS,) * n,
+        bwd_pre=(-INF_BYTES,) * n,
     )
 
 
