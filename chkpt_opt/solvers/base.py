@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile
+from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.solvers.deadline import Deadline
 
 INF_BYTES = 1 << 62
 """Above every byte total of a graph, in bytes: no limit (``-INF_BYTES``: below every total,
@@ -165,3 +166,34 @@ def result_from_profile(
         stats=dict(stats or {}),
         proves_infeasible=proven_infeasible and not fits,
     )
+
+
+def keep_all(
+    graph: CostGraph,
+    budget_bytes: int,
+    *,
+    solver: str,
+    deadline: Deadline,
+    stats: Mapping[str, Any] | None = None,
+) -> SolveResult:
+    """The keep-all schedule, simulated: optimal (it recomputes nothing) when it fits."""
+    profile = simulate(graph, Schedule())
+    return result_from_profile(
+        Schedule(),
+        profile,
+        budget_bytes=budget_bytes,
+        solver=solver,
+        solve_s=deadline.elapsed_s(),
+        bound=0.0,
+        stats=stats,
+    )
+
+
+def keep_all_result(
+    graph: CostGraph, budget_bytes: int, *, solver: str, deadline: Deadline
+) -> SolveResult | None:
+    """:func:`keep_all`'s result when it fits, else None."""
+    result = keep_all(
+        graph, budget_bytes, solver=solver, deadline=deadline, stats={"trivial": "keep_all fits"}
+    )
+    return result if result.feasible else None

@@ -75,11 +75,16 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import INF_BYTES, SolveResult, SolveStatus, result_from_profile
+from chkpt_opt.solvers.base import (
+    INF_BYTES,
+    SolveResult,
+    SolveStatus,
+    keep_all_result,
+    result_from_profile,
+)
 from chkpt_opt.solvers.chain.model import OUTSIDE, REGION, ChainModel, Key
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.judge import check_prediction
-from chkpt_opt.solvers.interval.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 
 __all__ = ["ChainModel", "DpChainSolver", "DpOutcome", "run_dp"]

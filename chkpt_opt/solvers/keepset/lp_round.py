@@ -29,11 +29,11 @@ from typing import Any
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, keep_all_result, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.lp_engine import INFEASIBLE, OPTIMAL, LpRelaxation, lp_bound_s
 from chkpt_opt.solvers.interval.model import IntervalModel
-from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS, keep_all_result, prepare
+from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS, prepare
 from chkpt_opt.solvers.keepset.warm_start import warm_start
 from chkpt_opt.solvers.registry import register
 

@@ -374,3 +374,19 @@ def schedule_plan(graph: CostGraph, chain: NestedChain, schedule: Schedule) -> P
         return (unit(span.start), unit(span.stop), tuple(build(c) for c in span.children))
 
     return tuple(build(k) for k, span in enumerate(tree) if span.parent < 0)
+
+
+def lowest_peak_floor_bytes(chain: NestedChain) -> int:
+    """Bytes below every plan's peak (a floor under the lowest peak): the largest of the
+    steps' schedule-independent bytes (a unit's backward, whole or split at a replay; its
+    forward or run with its input and output; ``bwd_start``'s)."""
+    c = chain
+    forward = max(
+        min([c.w[i], c.w_run[i], *(o.w for o in c.options_of(i))]) + c.a[i] + c.inp(i)
+        for i in range(c.n)
+    )
+    backward = max(
+        min([max(c.bwd_post[i], c.bwd_pre[i]), *(o.bwd for o in c.options_of(i))])
+        for i in range(c.n)
+    )
+    return max(backward, forward, c.cb)
