@@ -11,9 +11,9 @@ the budget it takes and the peak it reports; the whole step's figures are
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
@@ -108,6 +108,40 @@ def rank(profile: MemoryProfile, budget_bytes: int) -> tuple[int, float, float]:
     if peak_bytes <= budget_bytes:
         return (0, recompute_s, float(peak_bytes))
     return (1, float(peak_bytes), recompute_s)
+
+
+T = TypeVar("T")
+
+
+def lowest_ranked(
+    judged: Iterable[tuple[T, MemoryProfile]], budget_bytes: int
+) -> tuple[T, MemoryProfile] | None:
+    """The best of ``judged`` (candidates, each with its simulated profile) by :func:`rank`:
+    the cheapest that fits, else the lowest peak; the first of equals. None when empty.
+    Every search that simulates candidates and keeps the best keeps it with this."""
+    return min(judged, key=lambda pair: rank(pair[1], budget_bytes), default=None)
+
+
+def best_simulated(
+    graph: CostGraph, budget_bytes: int, schedules: Iterable[Schedule], *, deadline: Deadline
+) -> tuple[Schedule, MemoryProfile, int]:
+    """The best of ``schedules`` as the simulator judges them (:func:`lowest_ranked`), each
+    distinct one simulated once until ``deadline`` passes; keep-all when none was judged.
+    Returns it, its profile and how many schedules were judged."""
+    seen: set[Schedule] = set()
+
+    def simulated() -> Iterator[tuple[Schedule, MemoryProfile]]:
+        for schedule in schedules:
+            if deadline.expired():
+                return
+            if schedule not in seen:
+                seen.add(schedule)
+                yield schedule, simulate(graph, schedule)
+
+    best = lowest_ranked(simulated(), budget_bytes)
+    if best is None:
+        best = (Schedule(), simulate(graph, Schedule()))
+    return best[0], best[1], len(seen)
 
 
 def best_of(results: Sequence[SolveResult]) -> SolveResult:
