@@ -17,6 +17,7 @@ from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.chain.cuts import check_supported, cut_set, scan_storages
 from chkpt_opt.solvers.chain.replay import Replay, Rmq
 from chkpt_opt.solvers.interval.builder import build_interval_model
+from chkpt_opt.solvers.segments import last_reads
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,7 @@ class ChainLayout:
         self.reads = scan.reads
         # The last op reading each storage (past every op for what the step returns): a
         # replay holds what an op after it reads until the replay ends.
-        self.last_reader = {sid: max(ops) for sid, ops in scan.readers.items()}
-        self.last_reader.update({sid: len(order) for sid in scan.step_outputs})
+        self.last_reader = last_reads(graph)
         self.saved_ids: list[list[str]] = [list(nodes[v]["saved"]) for v in order]
         self.workspace = [nodes[v]["fwd_workspace_bytes"] for v in order]
         self.times = [nodes[v]["fwd_time_s"] for v in order]
