@@ -242,7 +242,7 @@ class AutoSolver:
         stats = dict(best.stats)
         if not best.feasible and not stats.get("min_feasible_proven"):
             # A heuristic may tie with the exact solver's lowest peak: keep the proof.
-            proof = next((r for r in results if _proves_min_peak(r, best.peak_bytes)), None)
+            proof = next((r for r in results if _proves_lowest_peak(r, best.peak_bytes)), None)
             if proof is not None:
                 stats.update(
                     min_feasible_bytes=best.peak_bytes,
@@ -425,7 +425,7 @@ def _cover_stats(cover: RecomputeBound) -> dict[str, object]:
     }
 
 
-def _proves_min_peak(result: SolveResult, peak_bytes: int) -> bool:
+def _proves_lowest_peak(result: SolveResult, peak_bytes: int) -> bool:
     """Whether ``result`` proves that no schedule peaks below ``peak_bytes``."""
     return bool(result.stats.get("min_feasible_proven")) and (
         result.stats.get("min_feasible_bytes") == peak_bytes
