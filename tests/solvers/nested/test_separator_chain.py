@@ -20,7 +20,7 @@ from chkpt_opt.solvers.nested.dp_nested import SEPARATOR_SPACE, predict
 from chkpt_opt.solvers.nested.separator_chain import UNITS, separator_chain
 from chkpt_opt.solvers.nested.unit_chain import Plan, plan_schedule, simple_chain
 from tests.conftest import assert_valid_result
-from tests.test_dp_nested import random_chain, random_unit_chain
+from tests.solvers.nested.test_dp_nested import random_chain, random_unit_chain
 
 NO_STEPS = -INF_BYTES
 
