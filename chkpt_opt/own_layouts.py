@@ -11,7 +11,7 @@ with it in the same cost model:
 
 The solvers know nothing of these layouts by name: the cached-op rounding's family holds
 them (:mod:`chkpt_opt.solvers.cached.cache_rounding`). At each layout's own peak,
-``tests/test_cache_rounding.py`` checks that the rounding recomputes no more than the
+``tests/solvers/cached/test_cache_rounding.py`` checks that the rounding recomputes no more than the
 layout, and ``benchmarks/own_layouts.py`` measures what ``auto`` recomputes against it.
 
 Example:

@@ -14,7 +14,7 @@ non-reentrant ``torch.utils.checkpoint``:
 * a region that reads state (a buffer, or a model input) which an in-place op updates
   later in the step would see the updated value when it is recomputed: it keeps a copy of
   that state as it was when the region ran, and its recomputation runs on a private copy
-  of it (:func:`~chkpt_opt.codegen.state._snapshot_roots`);
+  of it (:func:`~chkpt_opt.codegen.state.snapshot_roots`);
 * random ops that draw from an explicit ``torch.Generator`` (which checkpoint's
   ``preserve_rng_state`` does not cover) get that generator's state replayed too;
 * under ``torch.compile`` the regions are plain non-reentrant checkpoints: AOT autograd

@@ -13,17 +13,17 @@ from torch.utils._pytree import tree_flatten
 from chkpt_opt.codegen.randomness import draws_random
 from chkpt_opt.codegen.runtime import (
     CheckpointRegion,
-    _fetch,
     begin_cached_op,
     end_cached_op,
+    fetch_attr,
     run_cached_traced,
 )
 from chkpt_opt.codegen.state import (
-    _guard_stateful,
-    _roots_written_by,
-    _snapshot_roots,
-    _state_info,
-    _StateInfo,
+    StateInfo,
+    guard_stateful,
+    roots_written_by,
+    snapshot_roots,
+    state_info,
 )
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
@@ -93,7 +93,7 @@ def _flat_body(
     root: Any = gm
     if callees:  # the callees are attributes of the flat module: a root of named values
         named = {str(n.target) for n in flat.nodes if n.op in ("get_attr", "call_module")}
-        root = {t: _fetch(gm, t) for t in named - set(callees)} | callees
+        root = {t: fetch_attr(gm, t) for t in named - set(callees)} | callees
     return torch.fx.GraphModule(root, flat, class_name=f"FlatRegion{k}"), tuple(extra)
 
 
@@ -127,7 +127,7 @@ def _outline(
     gm: torch.fx.GraphModule,
     region: list[torch.fx.Node],
     k: int,
-    info: _StateInfo,
+    info: StateInfo,
     *,
     for_compile: bool,
     cached: frozenset[str] = frozenset(),
@@ -147,7 +147,7 @@ def _outline(
             if arg not in inside and arg not in ext:
                 ext.append(arg)
     # Values aliasing written state bypass checkpoint's saved inputs: their version
-    # changes, and the recomputation must see the right value (see _snapshot_roots).
+    # changes, and the recomputation must see the right value (see snapshot_roots).
     live = [
         a
         for a in ext
@@ -157,9 +157,9 @@ def _outline(
     attrs = [a for a in ext if a.op == "get_attr" and a not in live]
     acts = [a for a in ext if a.op != "get_attr" and a not in live]
     statics = live + attrs
-    snap_roots = set() if for_compile else _snapshot_roots(region, info, gm)
+    snap_roots = set() if for_compile else snapshot_roots(region, info, gm)
     snapshot = tuple(j for j, a in enumerate(statics) if info.written_root(a) in snap_roots)
-    written_here = _roots_written_by(region, info, gm)
+    written_here = roots_written_by(region, info, gm)
     written = tuple(j for j in snapshot if info.written_root(statics[j]) in written_here)
     snapped = [info.written_root(statics[j]) for j in snapshot]
     if len(set(snapped)) != len(snapped):
@@ -208,7 +208,7 @@ def _outline(
     )
     flat = _flat_body(gm, region, acts + statics, outputs, inner, k, cached)
     if not for_compile:
-        _guard_stateful(body, gm)
+        guard_stateful(body, gm)
 
     wrapper = CheckpointRegion(
         body,
@@ -235,7 +235,7 @@ def _outline(
         info.position[node] = info.position[region[0]]
     # An outer region snapshots the state that its inner regions write in place, and
     # its recomputation replays those writes into private copies (see StateGuard).
-    written_in_place = _roots_written_by(region, info, gm, stats=False)
+    written_in_place = roots_written_by(region, info, gm, stats=False)
     if written_in_place:
         info.hop_writes[call] = written_in_place
     for out, item in zip(outputs, items):
@@ -278,7 +278,7 @@ def apply_schedule(
             f"the schedule names ops {missing[:3]} that the module does not have; it was "
             "made for another model or another trace of it."
         )
-    info = _state_info(module)
+    info = state_info(module)
     order = ordered_nodes(graph)
     tree = region_tree(graph, schedule)
     inner = innermost_regions(tree, len(order))

@@ -306,7 +306,7 @@ class CheckpointRegion(torch.nn.Module):
         return self._body
 
     def _attrs(self) -> list[Any]:
-        return [_fetch(self._root, t) for t in self.attr_targets]
+        return [fetch_attr(self._root, t) for t in self.attr_targets]
 
     def _run(
         self,
@@ -366,7 +366,7 @@ class CheckpointRegion(torch.nn.Module):
     def _run_traced(self, live: tuple[Any, ...], *acts: Any) -> Any:
         """The region as torch.compile traces it: its flat body, no replays (see
         :meth:`forward`)."""
-        extra = [_fetch(self._root, t) for t in self.flat_attr_targets]
+        extra = [fetch_attr(self._root, t) for t in self.flat_attr_targets]
         return self.flat_body(*acts, *live, *self._attrs(), *extra)
 
     def _generators(self, statics: Sequence[Any]) -> list[torch.Generator]:
@@ -431,7 +431,8 @@ def _replayed_generators(
             generator.set_state(state)
 
 
-def _fetch(root: torch.nn.Module, target: str) -> Any:
+def fetch_attr(root: torch.nn.Module, target: str) -> Any:
+    """The attribute of ``root`` at the dotted path ``target`` (an fx get_attr target)."""
     value: Any = root
     for part in target.split("."):
         value = getattr(value, part)

@@ -16,7 +16,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
-from chkpt_opt.codegen.runtime import ModuleStateGuard, StateGuard, _fetch
+from chkpt_opt.codegen.runtime import ModuleStateGuard, StateGuard, fetch_attr
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.tracer.ops import (
     is_batch_norm_module,
@@ -26,7 +26,7 @@ from chkpt_opt.graphs.tracer.ops import (
 )
 
 
-def _guard_stateful(body: torch.fx.GraphModule, root: torch.fx.GraphModule) -> None:
+def guard_stateful(body: torch.fx.GraphModule, root: torch.fx.GraphModule) -> None:
     """Replaces state-updating ops of a body graph by guarded calls."""
     count = 0
     for node in list(body.graph.nodes):
@@ -72,7 +72,7 @@ def _guard_stateful(body: torch.fx.GraphModule, root: torch.fx.GraphModule) -> N
 
 
 @dataclass
-class _StateInfo:
+class StateInfo:
     """Which values of the main graph alias state that some op writes in place.
 
     Attributes:
@@ -128,16 +128,16 @@ def _hop_subgraph(node: torch.fx.Node, gm: torch.nn.Module) -> tuple[Any, int] |
         return None
     for i, arg in enumerate(node.args):
         if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
-            value = _fetch(gm, str(arg.target))
+            value = fetch_attr(gm, str(arg.target))
             if isinstance(value, torch.fx.GraphModule):
                 return value, i + 1
     return None
 
 
-def _state_info(gm: torch.fx.GraphModule) -> _StateInfo:
+def state_info(gm: torch.fx.GraphModule) -> StateInfo:
     """Finds the in-place writes to module state and model inputs in ``gm`` (recursively,
     through the subgraphs of higher-order ops)."""
-    info = _StateInfo()
+    info = StateInfo()
     calls = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
     info.position = {n: i for i, n in enumerate(calls)}
     by_target: dict[str, torch.fx.Node] = {}
@@ -168,7 +168,7 @@ def _state_info(gm: torch.fx.GraphModule) -> _StateInfo:
         if sub is None:
             continue
         inner_module, first = sub
-        inner = _state_info(inner_module)
+        inner = state_info(inner_module)
         placeholders = [n for n in inner_module.graph.nodes if n.op == "placeholder"]
         for k, placeholder in enumerate(placeholders):
             if placeholder in inner.last_write and first + k < len(node.args):
@@ -179,8 +179,8 @@ def _state_info(gm: torch.fx.GraphModule) -> _StateInfo:
     return info
 
 
-def _snapshot_roots(
-    region: list[torch.fx.Node], info: _StateInfo, gm: torch.nn.Module
+def snapshot_roots(
+    region: list[torch.fx.Node], info: StateInfo, gm: torch.nn.Module
 ) -> set[torch.fx.Node]:
     """The written state that a region's recomputation must see as it was in the forward.
 
@@ -218,8 +218,8 @@ def _snapshot_roots(
     return {r for r, p in first_touch.items() if info.last_write[r] > p} | forced
 
 
-def _roots_written_by(
-    region: list[torch.fx.Node], info: _StateInfo, gm: torch.nn.Module, *, stats: bool = True
+def roots_written_by(
+    region: list[torch.fx.Node], info: StateInfo, gm: torch.nn.Module, *, stats: bool = True
 ) -> set[torch.fx.Node]:
     """The state that ops of the region write in place (with ``stats=False``, not counting
     the running statistics that batch norms update: a recomputation leaves them as they

@@ -252,7 +252,7 @@ class AutoSolver:
         stats = dict(best.stats)
         if not best.feasible and not stats.get("min_feasible_proven"):
             # A heuristic may tie with the exact solver's lowest peak: keep the proof.
-            proof = next((r for r in results if _proves_min_peak(r, best.peak_bytes)), None)
+            proof = next((r for r in results if _proves_lowest_peak(r, best.peak_bytes)), None)
             if proof is not None:
                 stats.update(
                     min_feasible_bytes=best.peak_bytes,
@@ -440,7 +440,7 @@ def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> boo
     return cover.floor_bytes >= keep.peak_bytes
 
 
-def _proves_min_peak(result: SolveResult, peak_bytes: int) -> bool:
+def _proves_lowest_peak(result: SolveResult, peak_bytes: int) -> bool:
     """Whether ``result`` proves that no schedule peaks below ``peak_bytes``."""
     return bool(result.stats.get("min_feasible_proven")) and (
         result.stats.get("min_feasible_bytes") == peak_bytes

@@ -11,13 +11,19 @@ the budget it takes and the peak it reports; the whole step's figures are
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile
+from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.solvers.deadline import Deadline
+
+INF_BYTES = 1 << 62
+"""Above every byte total of a graph, in bytes: no limit (``-INF_BYTES``: below every total,
+the maximum of nothing). The DP solvers' sums are 64-bit integers, so a graph's byte totals
+must stay below it."""
 
 
 class SolveStatus(str, enum.Enum):
@@ -109,6 +115,40 @@ def meets_bound(objective_s: float, bound_s: float | None) -> bool:
     return bound_s is not None and objective_s <= bound_s + 1e-12
 
 
+T = TypeVar("T")
+
+
+def lowest_ranked(
+    judged: Iterable[tuple[T, MemoryProfile]], budget_bytes: int
+) -> tuple[T, MemoryProfile] | None:
+    """The best of ``judged`` (candidates, each with its simulated profile) by :func:`rank`:
+    the cheapest that fits, else the lowest peak; the first of equals. None when empty.
+    Every search that simulates candidates and keeps the best keeps it with this."""
+    return min(judged, key=lambda pair: rank(pair[1], budget_bytes), default=None)
+
+
+def best_simulated(
+    graph: CostGraph, budget_bytes: int, schedules: Iterable[Schedule], *, deadline: Deadline
+) -> tuple[Schedule, MemoryProfile, int]:
+    """The best of ``schedules`` as the simulator judges them (:func:`lowest_ranked`), each
+    distinct one simulated once until ``deadline`` passes; keep-all when none was judged.
+    Returns it, its profile and how many schedules were judged."""
+    seen: set[Schedule] = set()
+
+    def simulated() -> Iterator[tuple[Schedule, MemoryProfile]]:
+        for schedule in schedules:
+            if deadline.expired():
+                return
+            if schedule not in seen:
+                seen.add(schedule)
+                yield schedule, simulate(graph, schedule)
+
+    best = lowest_ranked(simulated(), budget_bytes)
+    if best is None:
+        best = (Schedule(), simulate(graph, Schedule()))
+    return best[0], best[1], len(seen)
+
+
 def best_of(results: Sequence[SolveResult]) -> SolveResult:
     """The cheapest result that fits (ties: the lower peak, then the earlier), else the
     lowest-peak one (ties: the cheaper, then the earlier): :func:`rank`, with fitting read
@@ -165,3 +205,34 @@ def result_from_profile(
         stats=dict(stats or {}),
         proves_infeasible=proven_infeasible and not fits,
     )
+
+
+def keep_all(
+    graph: CostGraph,
+    budget_bytes: int,
+    *,
+    solver: str,
+    deadline: Deadline,
+    stats: Mapping[str, Any] | None = None,
+) -> SolveResult:
+    """The keep-all schedule, simulated: optimal (it recomputes nothing) when it fits."""
+    profile = simulate(graph, Schedule())
+    return result_from_profile(
+        Schedule(),
+        profile,
+        budget_bytes=budget_bytes,
+        solver=solver,
+        solve_s=deadline.elapsed_s(),
+        bound=0.0,
+        stats=stats,
+    )
+
+
+def keep_all_result(
+    graph: CostGraph, budget_bytes: int, *, solver: str, deadline: Deadline
+) -> SolveResult | None:
+    """:func:`keep_all`'s result when it fits, else None."""
+    result = keep_all(
+        graph, budget_bytes, solver=solver, deadline=deadline, stats={"trivial": "keep_all fits"}
+    )
+    return result if result.feasible else None

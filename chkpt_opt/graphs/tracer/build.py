@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 
 from chkpt_opt.graphs.costgraph import CostGraph, new_graph
 from chkpt_opt.graphs.tracer.capture import Captured
-from chkpt_opt.graphs.tracer.fake_run import _fetch_attr
+from chkpt_opt.graphs.tracer.fake_run import fetch_attr
 from chkpt_opt.graphs.tracer.flops import device_model
 from chkpt_opt.graphs.tracer.op_nodes import OpNodes, _Leaf
 
@@ -61,7 +61,7 @@ class _Builder(OpNodes):
                     for x in self._tensor_leaves(node)
                 ]
             elif node.op == "get_attr":
-                value = _fetch_attr(self.gm, str(node.target))
+                value = fetch_attr(self.gm, str(node.target))
                 is_param = isinstance(value, torch.nn.Parameter)
                 leaves[node] = (
                     [

@@ -24,14 +24,15 @@ from chkpt_opt.graphs.tracer.ops import op_name
 from chkpt_opt.graphs.tracer.step_outputs import differentiated_positions, loss_position
 
 
-def _is_call(node: torch.fx.Node) -> bool:
+def is_call(node: torch.fx.Node) -> bool:
     """An op of the cost graph: every call node but export's input-guard module."""
     if node.op == "call_module" and str(node.target) == "_guards_fn":
         return False
     return node.op in ("call_function", "call_method", "call_module")
 
 
-def _fetch_attr(root: torch.nn.Module, target: str) -> Any:
+def fetch_attr(root: torch.nn.Module, target: str) -> Any:
+    """The attribute of ``root`` at the dotted path ``target`` (an fx get_attr target)."""
     value: Any = root
     for part in target.split("."):
         value = getattr(value, part)
@@ -48,7 +49,7 @@ class FakeRun:
         self.env: dict[torch.fx.Node, Any] = {}
         self.grad_mode: dict[torch.fx.Node, bool] = {}
         self.param_names = {id(p): n for n, p in self.gm.named_parameters(remove_duplicate=False)}
-        self.calls = [n for n in self.gm.graph.nodes if _is_call(n)]
+        self.calls = [n for n in self.gm.graph.nodes if is_call(n)]
         self.index = {n: i for i, n in enumerate(self.calls)}
         self.device_type = "cpu"
 
@@ -95,7 +96,7 @@ class FakeRun:
                     if node.op == "placeholder":
                         self.env[node] = self._to_fake(inputs[node])
                     elif node.op == "get_attr":
-                        self.env[node] = self._to_fake(_fetch_attr(self.gm, str(node.target)))
+                        self.env[node] = self._to_fake(fetch_attr(self.gm, str(node.target)))
                     elif node.op == "output":
                         continue
                     elif node.op == "call_module" and str(node.target) == "_guards_fn":
@@ -139,7 +140,7 @@ class FakeRun:
         flat = tree_flatten((output_node.args, output_node.kwargs))[0]
         loss = self._loss_output(output_node, flat)
         for arg in flat:
-            if isinstance(arg, torch.fx.Node) and _is_call(arg):
+            if isinstance(arg, torch.fx.Node) and is_call(arg):
                 self.outputs.append(arg)
                 if loss is not None and arg is not loss:
                     continue
@@ -191,7 +192,7 @@ class FakeRun:
         if len(positions) != 1 or positions[0] != loss_position(spec):
             return None
         found = flat[positions[0]]
-        return found if isinstance(found, torch.fx.Node) and _is_call(found) else None
+        return found if isinstance(found, torch.fx.Node) and is_call(found) else None
 
     def _params_read(self, node: torch.fx.Node) -> list[str]:
         names: list[str] = []
@@ -203,7 +204,7 @@ class FakeRun:
             return names
         for arg in node.all_input_nodes:
             if arg.op == "get_attr":
-                value = _fetch_attr(self.gm, str(arg.target))
+                value = fetch_attr(self.gm, str(arg.target))
                 if isinstance(value, torch.nn.Parameter) and value.requires_grad:
                     names.append(str(arg.target))
         return names

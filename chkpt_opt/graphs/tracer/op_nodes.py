@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, node_attrs
-from chkpt_opt.graphs.tracer.fake_run import FakeRun, _is_call
+from chkpt_opt.graphs.tracer.fake_run import FakeRun, is_call
 from chkpt_opt.graphs.tracer.flops import DeviceModel
 from chkpt_opt.graphs.tracer.ops import (
     is_batch_norm_module,
@@ -82,7 +82,7 @@ class OpNodes(FakeRun):
         name = node.name
         index = self.index[node]
         value_leaves = self._tensor_leaves(node)
-        preds = [a.name for a in node.all_input_nodes if _is_call(a)]
+        preds = [a.name for a in node.all_input_nodes if is_call(a)]
         common = {
             "index": index,
             "op": op_name(node, self.gm),

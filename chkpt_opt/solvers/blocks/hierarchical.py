@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.solvers.base import SolveResult
+from chkpt_opt.solvers.base import SolveResult, keep_all_result
 from chkpt_opt.solvers.blocks.search import BlockSearch
 from chkpt_opt.solvers.deadline import Deadline
-from chkpt_opt.solvers.interval.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 
 

@@ -11,7 +11,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_min_peak
+from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_lowest_peak
 from chkpt_opt.solvers.interval.judge import Outcome, judged, record_lowest
 from chkpt_opt.solvers.interval.prepare import Prepared
 
@@ -35,7 +35,7 @@ def lowest_peak(
     """
     program = prepared.program
     keep_all = simulate(graph, Schedule())
-    found = solve_min_peak(
+    found = solve_lowest_peak(
         program,
         upper_bytes=keep_all.peak_bytes,
         deadline=deadline,

@@ -51,11 +51,10 @@ from collections.abc import Iterator, Mapping
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cache_candidates, cut_positions
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, best_simulated, result_from_profile
 from chkpt_opt.solvers.blocks.repeated import find_blocks, layer_spans
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.interval.judge import best_simulated
 from chkpt_opt.solvers.keepset.bound_rounding import rounded_spans
 
 REGION_THRESHOLDS = (0.5, 0.1, 0.01)

@@ -42,7 +42,7 @@ from chkpt_opt.schedule import (
     cut_positions,
 )
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, lowest_ranked, rank, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.registry import register
@@ -150,24 +150,26 @@ class CachingSolver:
         score = rank(profile, budget_bytes)
         moves = tried = 0
         timed_out = False
-        while moves < self.max_moves:
-            best: tuple[tuple[int, float, float], Schedule, MemoryProfile] | None = None
+
+        def simulated() -> Iterator[tuple[Schedule, MemoryProfile]]:
+            nonlocal tried, timed_out
             for candidate in neighbours(graph, current, allowed):
                 if deadline.expired():
                     timed_out = True
-                    break
+                    return
                 try:
                     check_schedule(graph, candidate)
                 except ScheduleError:
                     continue
-                found = simulate(graph, candidate, check=False)
                 tried += 1
-                found_score = rank(found, budget_bytes)
-                if found_score < score and (best is None or found_score < best[0]):
-                    best = (found_score, candidate, found)
-            if best is None:
+                yield candidate, simulate(graph, candidate, check=False)
+
+        while moves < self.max_moves:
+            best = lowest_ranked(simulated(), budget_bytes)
+            if best is None or rank(best[1], budget_bytes) >= score:
                 break
-            score, current, profile = best
+            current, profile = best
+            score = rank(profile, budget_bytes)
             moves += 1
             if timed_out:
                 break

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.solvers.base import SolveResult, SolveStatus
+from chkpt_opt.solvers.base import SolveResult, SolveStatus, keep_all_result
 from chkpt_opt.solvers.bounds.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.engines.milp_engine import DEFAULT_BACKEND, check_backend, milp_engine
@@ -45,7 +45,6 @@ from chkpt_opt.solvers.interval.prepare import (
     Prepared,
     candidate_positions,
     check_flat_size,
-    keep_all_result,
 )
 from chkpt_opt.solvers.interval.program import build_program
 from chkpt_opt.solvers.keepset.flat import solve_flat

@@ -75,12 +75,16 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
-from chkpt_opt.solvers.chain.layout import MAX_TOTAL
+from chkpt_opt.solvers.base import (
+    INF_BYTES,
+    SolveResult,
+    SolveStatus,
+    keep_all_result,
+    result_from_profile,
+)
 from chkpt_opt.solvers.chain.model import OUTSIDE, REGION, ChainModel, Key
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.judge import check_prediction
-from chkpt_opt.solvers.interval.prepare import keep_all_result
 from chkpt_opt.solvers.registry import register
 
 __all__ = ["ChainModel", "DpChainSolver", "DpOutcome", "run_dp"]
@@ -181,7 +185,7 @@ def run_dp(
     classes = [chain.classes(j) for j in range(m + 1)]
     # room[j]: the most bytes the pieces before cut j may keep (every slot after it sees them).
     room = [
-        (budget_bytes or 0) - chain.rmq(c, chain.inner_end[c]) if c < chain.n else 1 << 62
+        (budget_bytes or 0) - chain.rmq(c, chain.inner_end[c]) if c < chain.n else INF_BYTES
         for c in chain.cuts
     ]
     entry = [(chain.entry_class(i, REGION), chain.entry_class(i, OUTSIDE)) for i in range(m)]
@@ -207,7 +211,7 @@ def run_dp(
                             value = np.maximum(front.value, front.kept + ev.need)
                         else:
                             # Every later slot sees the kept bytes: prune what cannot fit there.
-                            limit = min(budget_bytes - ev.need, room[j] - ev.kept, MAX_TOTAL)
+                            limit = min(budget_bytes - ev.need, room[j] - ev.kept, INF_BYTES)
                             count = int(np.searchsorted(front.kept, limit, side="right"))
                             if count == 0:
                                 continue

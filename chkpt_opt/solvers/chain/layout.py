@@ -13,12 +13,11 @@ import numpy as np
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, region_overhead_s
+from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.chain.cuts import check_supported, cut_set, scan_storages
-from chkpt_opt.solvers.chain.replay import NEG, Replay, Rmq
+from chkpt_opt.solvers.chain.replay import Replay, Rmq
 from chkpt_opt.solvers.interval.builder import build_interval_model
-
-MAX_TOTAL = 1 << 62
-"""Byte totals of a graph must stay below this (the DP's sums are 64-bit integers)."""
+from chkpt_opt.solvers.segments import last_reads
 
 
 @dataclass(frozen=True)
@@ -157,8 +156,7 @@ class ChainLayout:
         self.reads = scan.reads
         # The last op reading each storage (past every op for what the step returns): a
         # replay holds what an op after it reads until the replay ends.
-        self.last_reader = {sid: max(ops) for sid, ops in scan.readers.items()}
-        self.last_reader.update({sid: len(order) for sid in scan.step_outputs})
+        self.last_reader = last_reads(graph)
         self.saved_ids: list[list[str]] = [list(nodes[v]["saved"]) for v in order]
         self.workspace = [nodes[v]["fwd_workspace_bytes"] for v in order]
         self.times = [nodes[v]["fwd_time_s"] for v in order]
@@ -166,7 +164,7 @@ class ChainLayout:
         total = (
             2 * sum(self.size.values()) + max(self.base, default=0) + max(self.workspace, default=0)
         )
-        if total >= MAX_TOTAL:
+        if total >= INF_BYTES:
             raise SolverError(f"graph byte totals ({total}) are too large for dp_chain.")
         self.kept_first = {  # saved storage -> kept_until of its first saver
             sid: max(self.bwd_slot[i] for i in savers[sid]) for sid in self.size if sid in savers
@@ -251,7 +249,7 @@ class ChainLayout:
             owned[self.owner_idx[sid]].append((last, self.size[sid]))
         g = np.array(self.base, dtype=np.int64)
         self.after_replay: list[np.ndarray | None] = [None] * m  # max G over (s, E]
-        self.after_release = [NEG] * m  # max G over (E, inner_end(a)]
+        self.after_release = [-INF_BYTES] * m  # max G over (E, inner_end(a)]
         start_of = {c: k for k, c in enumerate(cuts[:-1])}
         for a in range(n - 1, -1, -1):
             for last, size in owned[a]:
@@ -261,7 +259,7 @@ class ChainLayout:
                 continue
             e = self.first_packer_end[ci]
             suffix = np.maximum.accumulate(g[: e + 1][::-1])[::-1]  # suffix[s] = max g[s..e]
-            self.after_replay[ci] = np.append(suffix[1:], NEG)  # max g over (s, e]
+            self.after_replay[ci] = np.append(suffix[1:], -INF_BYTES)  # max g over (s, e]
             hi = self.inner_end[a]
             if hi > e:
                 self.after_release[ci] = int(g[e + 1 : hi + 1].max())

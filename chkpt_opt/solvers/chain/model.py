@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from chkpt_opt.errors import SolverError
+from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.chain.layout import ChainLayout
-from chkpt_opt.solvers.chain.replay import NEG
 
 REGION = 0
 OUTSIDE = 1
@@ -73,14 +73,14 @@ class ChainModel(ChainLayout):
     def _max_with_adds(self, lo: int, hi: int, adds: list[tuple[int, int, int]]) -> int:
         """Max over slots ``lo..hi`` of base plus the ``(first, last, bytes)`` ranges."""
         if lo > hi:
-            return NEG
+            return -INF_BYTES
         points = {lo, hi + 1}
         for first, last, _ in adds:
             if lo < first <= hi:
                 points.add(first)
             if lo <= last < hi:
                 points.add(last + 1)
-        best = NEG
+        best = -INF_BYTES
         bounds = sorted(points)
         for u, v in pairwise(bounds):
             extra = sum(size for first, last, size in adds if first <= u <= last)

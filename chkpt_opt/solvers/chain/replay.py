@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-NEG = -(1 << 62)
-"""Below every byte total: the maximum of an empty range."""
+from chkpt_opt.solvers.base import INF_BYTES
 
 
 class ChainStorages(Protocol):
@@ -39,7 +38,7 @@ class Rmq:
     def __call__(self, lo: int, hi: int) -> int:
         """Max over ``values[lo..hi]`` (inclusive); a very negative number when empty."""
         if lo > hi:
-            return NEG
+            return -INF_BYTES
         k = (hi - lo + 1).bit_length() - 1
         row = self.table[k]
         return max(row[lo], row[hi - (1 << k) + 1])

@@ -50,7 +50,7 @@ no time limit (see the module docstring)."""
 ROWS_PER_CHECK = 16
 """Rows built between two checks of the deadline."""
 MIN_SECOND_SOLVE_S = 1.0
-"""The least time left for which :func:`solve_min_peak` runs its second solve."""
+"""The least time left for which :func:`solve_lowest_peak` runs its second solve."""
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ def hint(m: cp_model.CpModel, program: IntervalProgram, v: CpVariables, chosen: 
 
 
 @dataclass(frozen=True)
-class MinPeak:
+class LowestPeak:
     """The lowest-peak solution CP-SAT found, and among those the cheapest.
 
     Attributes:
@@ -270,7 +270,7 @@ class MinPeak:
     proven: bool
 
 
-def solve_min_peak(
+def solve_lowest_peak(
     program: IntervalProgram,
     *,
     upper_bytes: int,
@@ -278,7 +278,7 @@ def solve_min_peak(
     seed: int = 0,
     workers: int = 1,
     formulation: str = DEFAULT_FORMULATION,
-) -> MinPeak | None:
+) -> LowestPeak | None:
     """The lowest-peak solution of ``program`` (peaks up to ``upper_bytes``), and among those
     the cheapest: two solves, the smallest peak first, then the least recompute time at that
     peak, both within ``deadline`` (the second runs only when at least
@@ -308,14 +308,14 @@ def solve_min_peak(
     proven = status == cp_model.OPTIMAL
     left = deadline.remaining_s()
     if left is not None and left < MIN_SECOND_SOLVE_S:
-        return MinPeak(chosen, lower, proven)
+        return LowestPeak(chosen, lower, proven)
 
     # Second solve: the cheapest solution at that peak.
     try:
         m2, v2 = build_cp_model(program, best_units, formulation=formulation, deadline=deadline)
     except DeadlineExceeded as err:
         log.info("lowest peak: %s", err)
-        return MinPeak(chosen, lower, proven)
+        return LowestPeak(chosen, lower, proven)
     m2.minimize(sum(c * x for c, x in zip(program.cost_units, v2.x)))
     hint(m2, program, v2, chosen)
     solver2 = make_solver(
@@ -324,7 +324,7 @@ def solve_min_peak(
     cheapest = run_cp(solver2, m2, deadline=deadline, what="the cheapest-at-lowest-peak solve")
     if cheapest in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         chosen = [k for k, var in enumerate(v2.x) if solver2.boolean_value(var)]
-    return MinPeak(chosen, lower, proven)
+    return LowestPeak(chosen, lower, proven)
 
 
 def solve_cp(

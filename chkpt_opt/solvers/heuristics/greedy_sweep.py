@@ -11,10 +11,12 @@ cheapest one that fits the budget, or the lowest-peak one when none does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.segments import candidate_cuts, spans_between
 
@@ -60,42 +62,38 @@ def greedy_sweep(
     total = max(1, sum(sizes))
     smallest = max(1, min((s for s in sizes if s > 0), default=1))
     tried: set[tuple[tuple[int, int], ...]] = set()
-    best: tuple[float, int, Schedule, MemoryProfile] | None = None
-    lowest: tuple[int, float, Schedule, MemoryProfile] | None = None
     steps = max(2, n_thresholds)
     timed_out = False
-    for k in range(steps):
-        threshold = smallest * (total / smallest) ** (k / (steps - 1))
-        cuts = greedy_cuts(sizes, candidates, threshold)
-        for skip_last in (False, True):
-            spans = tuple(spans_between(cuts, n, skip_last=skip_last))
-            if spans in tried:
-                continue
-            tried.add(spans)
-            schedule = Schedule.from_spans(graph, list(spans))
-            profile = simulate(graph, schedule, check=False)
-            if profile.peak_bytes <= budget_bytes:
-                key = (profile.recompute_s, profile.peak_bytes)
-                if best is None or key < best[:2]:
-                    best = (*key, schedule, profile)
-            lkey = (profile.peak_bytes, profile.recompute_s)
-            if lowest is None or lkey < lowest[:2]:
-                lowest = (*lkey, schedule, profile)
-        if deadline.expired():
-            timed_out = True
-            break
+
+    def simulated() -> Iterator[tuple[Schedule, MemoryProfile]]:
+        nonlocal timed_out
+        for k in range(steps):
+            threshold = smallest * (total / smallest) ** (k / (steps - 1))
+            cuts = greedy_cuts(sizes, candidates, threshold)
+            for skip_last in (False, True):
+                spans = tuple(spans_between(cuts, n, skip_last=skip_last))
+                if spans not in tried:
+                    tried.add(spans)
+                    schedule = Schedule.from_spans(graph, list(spans))
+                    yield schedule, simulate(graph, schedule, check=False)
+            if deadline.expired():
+                timed_out = True
+                return
+
+    chosen = lowest_ranked(simulated(), budget_bytes)
+    assert chosen is not None  # the first threshold is always judged
     keep_all = Schedule()
     base = simulate(graph, keep_all, check=False)
     if base.peak_bytes <= budget_bytes:
-        best = (0.0, base.peak_bytes, keep_all, base)
-    chosen = best if best is not None else (lowest[0], lowest[1], lowest[2], lowest[3])
+        chosen = (keep_all, base)
+    schedule, profile = chosen
     return result_from_profile(
-        chosen[2],
-        chosen[3],
+        schedule,
+        profile,
         budget_bytes=budget_bytes,
         solver=solver,
         solve_s=deadline.elapsed_s(),
-        bound=0.0 if chosen[3].recompute_s == 0 else None,
+        bound=0.0 if profile.recompute_s == 0 else None,
         stats={
             "segmentations": len(tried),
             "candidates": len(candidates),

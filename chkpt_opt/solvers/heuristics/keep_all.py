@@ -1,14 +1,13 @@
-"""The baseline: keep every activation, recompute nothing."""
+"""The baseline: keep every activation, recompute nothing (:func:`~chkpt_opt.solvers.base.keep_all`,
+also the shortcut every exact solver takes first)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, keep_all
+from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
 
 
@@ -22,14 +21,4 @@ class KeepAll:
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
-        start = time.perf_counter()
-        schedule = Schedule()
-        profile = simulate(graph, schedule)
-        return result_from_profile(
-            schedule,
-            profile,
-            budget_bytes=budget_bytes,
-            solver=self.name,
-            solve_s=time.perf_counter() - start,
-            bound=0.0,
-        )
+        return keep_all(graph, budget_bytes, solver=self.name, deadline=Deadline.after(None))

@@ -4,7 +4,7 @@ it holds), one pass per quantity, following :mod:`chkpt_opt.op_sequence` exactly
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import (
@@ -20,6 +20,7 @@ from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.interval.cache_columns import CacheColumns
 from chkpt_opt.solvers.interval.model import Holder, Interval, IntervalModel, Lifetime
+from chkpt_opt.solvers.segments import last_reads
 
 
 def build_interval_model(
@@ -116,13 +117,7 @@ class _Builder:
         ]
         # The last op that reads each storage (past every op for what the step returns):
         # a replay holds what an op after it reads until the replay ends.
-        self.last_reader: dict[str, int] = {}
-        for i, reads in enumerate(self.reads):
-            for sid, _ in reads:
-                self.last_reader[sid] = i
-        for out in graph.graph["outputs"]:
-            for sid in self.refs[out]:
-                self.last_reader[sid] = self.n
+        self.last_reader = last_reads(graph)
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -164,6 +159,16 @@ class _Builder:
     def _add_range(values: list[int], first: int, last: int, nbytes: int) -> None:
         for s in range(first, last + 1):
             values[s] += nbytes
+
+    def saver_ends(self, a: int, last_saver: int, holds: Callable[[str], bool]) -> dict[str, int]:
+        """The last backward slot at which a saver among ops ``a..last_saver`` keeps each
+        storage it saves for which ``holds`` is true."""
+        ends: dict[str, int] = {}
+        for i in range(a, last_saver + 1):
+            for sid in self.attrs[i]["saved"]:
+                if holds(sid):
+                    ends[sid] = max(ends.get(sid, -1), self.kept(i))
+        return ends
 
     def check_deadline(self, what: str) -> None:
         """Raises DeadlineExceeded once the deadline has passed."""
@@ -287,11 +292,7 @@ class _Builder:
             for sid, o in self.reads[i]:
                 if a <= o <= last:
                     last_read[sid] = i  # i only grows
-        held: dict[str, int] = {}
-        for i in range(a, last_saver + 1):
-            for sid in self.attrs[i]["saved"]:
-                if owner_idx[sid] >= a and sid in size:
-                    held[sid] = max(held.get(sid, -1), self.kept(i))
+        held = self.saver_ends(a, last_saver, lambda sid: owner_idx[sid] >= a and sid in size)
         # Bytes alive at each step: a storage lives from its birth to its last read (to the
         # end of the replay when a saver holds it); summed with a difference array.
         delta = [0] * (last - a + 2)

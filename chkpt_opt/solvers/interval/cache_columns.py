@@ -37,9 +37,9 @@ Which sets become columns (``mode``):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import (
@@ -61,11 +61,11 @@ class ReplayCounter(Protocol):
     """What the columns read from the interval model's builder
     (:mod:`chkpt_opt.solvers.interval.builder`)."""
 
-    attrs: list[Any]  # node attributes, by op index
     reads: list[list[tuple[str, int]]]  # (storage, owner index) each op reads, by op index
 
-    def kept(self, i: int) -> int:
-        """``kept_until`` of op ``i`` as a slot."""
+    def saver_ends(self, a: int, last_saver: int, holds: Callable[[str], bool]) -> dict[str, int]:
+        """The last backward slot at which a saver among ops ``a..last_saver`` keeps each
+        storage it saves for which ``holds`` is true."""
         ...
 
     def check_deadline(self, what: str) -> None:
@@ -214,11 +214,9 @@ class CacheColumns:
         candidates = self.candidates(a, base.stop, last)
         # The last backward slot of the region's savers of each candidate's storages (the
         # same for every column of the span).
-        saver_end: dict[str, int] = {}
-        for j in range(a, last_saver + 1):
-            for sid in builder.attrs[j]["saved"]:
-                if any(sid in self.owned[k] for k in candidates):
-                    saver_end[sid] = max(saver_end.get(sid, -1), builder.kept(j))
+        saver_end = builder.saver_ends(
+            a, last_saver, lambda sid: any(sid in self.owned[k] for k in candidates)
+        )
         # What the selective-checkpoint policy costs: the span's ops in the forward pass and
         # the replayed prefix, cached ops included, dispatched through it.
         policy_s = policy_cost_s(self.graph, (base.stop - a) + (last - a + 1))

@@ -7,7 +7,7 @@ model has a bug and :class:`~chkpt_opt.errors.SolverError` is raised (never pape
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,7 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, rank, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.model import IntervalModel
 from chkpt_opt.solvers.interval.prepare import Prepared
@@ -214,26 +214,3 @@ def finish(
         bound=bound,
         stats=stats,
     )
-
-
-def best_simulated(
-    graph: CostGraph, budget_bytes: int, schedules: Iterable[Schedule], *, deadline: Deadline
-) -> tuple[Schedule, MemoryProfile, int]:
-    """The best of ``schedules`` as the simulator judges them (the cheapest that fits, else
-    the lowest peak; the first of equals), each distinct one simulated once until
-    ``deadline`` passes; keep-all when none was judged. Returns it, its profile and how
-    many schedules were judged."""
-    best: tuple[Schedule, MemoryProfile] | None = None
-    judged: set[Schedule] = set()
-    for schedule in schedules:
-        if deadline.expired():
-            break
-        if schedule in judged:
-            continue
-        judged.add(schedule)
-        profile = simulate(graph, schedule)
-        if best is None or rank(profile, budget_bytes) < rank(best[1], budget_bytes):
-            best = (schedule, profile)
-    if best is None:
-        best = (Schedule(), simulate(graph, Schedule()))
-    return best[0], best[1], len(judged)

@@ -1,5 +1,5 @@
 """Preparing a graph for the flat integer programs: the candidate cut positions, the size
-limit, the interval model with its program, and the keep-all shortcut."""
+limit, the interval model with its program."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule, cut_positions
-from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
-from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.schedule import cut_positions
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.model import IntervalModel
 from chkpt_opt.solvers.interval.program import IntervalProgram, build_program
@@ -88,22 +85,3 @@ def prepare(
     model = build_interval_model(graph, positions=positions)
     program = build_program(model, tight=tight)
     return Prepared(model, program, time.perf_counter() - start)
-
-
-def keep_all_result(
-    graph: CostGraph, budget_bytes: int, *, solver: str, deadline: Deadline
-) -> SolveResult | None:
-    """The keep-all schedule when it fits (optimal: it recomputes nothing), else None."""
-    profile = simulate(graph, Schedule())
-    if profile.peak_bytes > budget_bytes:
-        return None
-    return result_from_profile(
-        Schedule(),
-        profile,
-        budget_bytes=budget_bytes,
-        solver=solver,
-        solve_s=deadline.elapsed_s(),
-        bound=0.0,
-        proven_optimal=True,
-        stats={"trivial": "keep_all fits"},
-    )

@@ -26,10 +26,9 @@ from collections.abc import Iterator
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cut_positions
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, best_simulated, result_from_profile
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
-from chkpt_opt.solvers.interval.judge import best_simulated
 
 THRESHOLDS = (0.99, 0.9, 0.75, 0.5, 0.25, 0.1, 0.01, 0.0)
 """Shares above which an op is recomputed, tried in turn."""

@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.solvers.base import SolveResult
+from chkpt_opt.solvers.base import SolveResult, keep_all_result
 from chkpt_opt.solvers.bounds.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.judge import Outcome, finish
-from chkpt_opt.solvers.interval.prepare import candidate_positions, keep_all_result, prepare
+from chkpt_opt.solvers.interval.prepare import candidate_positions, prepare
 from chkpt_opt.solvers.interval.program import IntervalProgram
 from chkpt_opt.solvers.keepset.pruned_search import PrunedSearch
 from chkpt_opt.solvers.keepset.warm_start import warm_start

@@ -23,17 +23,18 @@ else the lowest-peak one.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, keep_all_result, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.lp_engine import INFEASIBLE, OPTIMAL, LpRelaxation, lp_bound_s
 from chkpt_opt.solvers.interval.model import IntervalModel
-from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS, keep_all_result, prepare
+from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS, prepare
 from chkpt_opt.solvers.keepset.warm_start import warm_start
 from chkpt_opt.solvers.registry import register
 
@@ -221,34 +222,24 @@ class LpRoundSolver:
                     repair(model, c, budget_bytes, moves) for c in worst[: self.n_repair]
                 ]
 
-        best: tuple[float, int, Schedule, MemoryProfile] | None = None
-        lowest: tuple[int, float, Schedule, MemoryProfile] | None = None
         judged = 0
         schedules = [model.schedule(graph, c) for c in dict.fromkeys(candidates)]
-        for schedule in [*schedules, fallback.schedule]:
-            if judged and deadline.expired():
-                break
-            profile = simulate(graph, schedule, check=False)
-            judged += 1
-            if profile.peak_bytes <= budget_bytes:
-                key = (profile.recompute_s, profile.peak_bytes)
-                if best is None or key < best[:2]:
-                    best = (*key, schedule, profile)
-            lkey = (profile.peak_bytes, profile.recompute_s)
-            if lowest is None or lkey < lowest[:2]:
-                lowest = (*lkey, schedule, profile)
-        stats["candidates_judged"] = judged
-        if best is None and fallback.feasible:
-            best = (
-                fallback.objective,
-                fallback.peak_bytes,
-                fallback.schedule,
-                simulate(graph, fallback.schedule),
-            )
-        chosen = best if best is not None else lowest
+
+        def simulated() -> Iterator[tuple[Schedule, MemoryProfile]]:
+            nonlocal judged
+            for schedule in [*schedules, fallback.schedule]:
+                if judged and deadline.expired():
+                    return
+                judged += 1
+                yield schedule, simulate(graph, schedule, check=False)
+
+        chosen = lowest_ranked(simulated(), budget_bytes)
         assert chosen is not None
+        stats["candidates_judged"] = judged
+        if chosen[1].peak_bytes > budget_bytes and fallback.feasible:
+            chosen = (fallback.schedule, simulate(graph, fallback.schedule))
         stats["infeasible_proven"] = proven_infeasible
-        schedule, profile = chosen[2], chosen[3]
+        schedule, profile = chosen
         return result_from_profile(
             schedule,
             profile,

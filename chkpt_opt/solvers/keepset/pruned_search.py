@@ -37,7 +37,7 @@ from typing import Any
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, keep_all_result, result_from_profile
 from chkpt_opt.solvers.bounds.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.bounds.reductions import cost_cap, reduced_cost_fixing, restrict
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
@@ -45,7 +45,7 @@ from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
 from chkpt_opt.solvers.engines.milp_engine import BACKENDS, DEFAULT_BACKEND, solve_milp
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.judge import Outcome, finish
-from chkpt_opt.solvers.interval.prepare import Prepared, check_flat_size, keep_all_result
+from chkpt_opt.solvers.interval.prepare import Prepared, check_flat_size
 from chkpt_opt.solvers.interval.program import build_program
 from chkpt_opt.solvers.keepset.warm_start import hint_ids, incumbent
 

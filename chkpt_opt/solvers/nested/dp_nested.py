@@ -94,16 +94,22 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, region_overhead_s
 from chkpt_opt.schedule import Schedule, check_schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
+from chkpt_opt.solvers.base import (
+    INF_BYTES,
+    SolveResult,
+    SolveStatus,
+    keep_all_result,
+    result_from_profile,
+)
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.judge import check_prediction
-from chkpt_opt.solvers.interval.prepare import keep_all_result
-from chkpt_opt.solvers.nested.recurrence import INF_BYTES, NestedDp
+from chkpt_opt.solvers.nested.recurrence import NestedDp
 from chkpt_opt.solvers.nested.separator_chain import UNITS, separator_chain
 from chkpt_opt.solvers.nested.top_frame import top_plan
 from chkpt_opt.solvers.nested.unit_chain import (
     NestedChain,
     Plan,
+    lowest_peak_floor_bytes,
     plan_schedule,
     schedule_plan,
     simple_chain,
@@ -293,7 +299,7 @@ class DpNestedSolver:
                     # below the last plan's peak finds a lower plan, or proves that peak
                     # minimal; then the cheapest plan at that peak.
                     low = dp_for(cuts, True)
-                    climb = _peak_floor(chain)
+                    climb = lowest_peak_floor_bytes(chain)
                     while (plan := top_plan(low, climb)) is None:
                         climb += max(1, climb // PEAK_STEPS)
                     while True:
@@ -410,22 +416,6 @@ def _stages(
                     if cuts not in stages:
                         stages.append(cuts)
     return [*stages, allowed], [*primary, allowed]
-
-
-def _peak_floor(chain: NestedChain) -> int:
-    """Bytes below every plan's peak: the largest of the steps' schedule-independent bytes
-    (a unit's backward, whole or split at a replay; its forward or run with its input and
-    output; ``bwd_start``'s)."""
-    c = chain
-    forward = max(
-        min([c.w[i], c.w_run[i], *(o.w for o in c.options_of(i))]) + c.a[i] + c.inp(i)
-        for i in range(c.n)
-    )
-    backward = max(
-        min([max(c.bwd_post[i], c.bwd_pre[i]), *(o.bwd for o in c.options_of(i))])
-        for i in range(c.n)
-    )
-    return max(backward, forward, c.cb)
 
 
 def _judged(

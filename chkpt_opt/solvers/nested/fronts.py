@@ -8,10 +8,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from chkpt_opt.errors import SolverError
+from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.nested.unit_chain import NestedChain, Plan, UnitOption
-
-INF_BYTES = 1 << 62
-"""No limit, in bytes."""
 
 
 @dataclass(frozen=True)

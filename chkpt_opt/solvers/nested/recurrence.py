@@ -59,10 +59,10 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
+from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.chain.replay import Rmq
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.nested.fronts import (
-    INF_BYTES,
     Entry,
     FrameMemo,
     FrameResult,
@@ -75,7 +75,7 @@ from chkpt_opt.solvers.nested.fronts import (
     split_outer,
     tail_run_bytes,
 )
-from chkpt_opt.solvers.nested.unit_chain import NO_STEPS, NestedChain
+from chkpt_opt.solvers.nested.unit_chain import NestedChain
 
 NONE, KEY, ALWAYS = 0, 1, 2
 """How a frame's outer tensor is held past the frame's replay (see the module docstring)."""
@@ -205,7 +205,7 @@ class NestedDp:
             eb = 0
         if not eb or eth >= b:
             eb, eth = 0, 0
-        if c.lp[b] == b - 1 and c.bwd_pre[b - 1] == NO_STEPS:
+        if c.lp[b] == b - 1 and c.bwd_pre[b - 1] == -INF_BYTES:
             tail_done = False  # no tail: nothing to hoist
         if m < 0:
             return None
@@ -242,11 +242,11 @@ class NestedDp:
         ob = c.inp(a)
         tail_peak = 0
         pre = c.bwd_pre[last]  # the last packer's own tail (steps of a block after it)
-        if not tail_done and (last < b - 1 or pre > NO_STEPS):
+        if not tail_done and (last < b - 1 or pre > -INF_BYTES):
             tail_peak = self.bwd(last + 1, min(b - 1, eth - 1) if eb else b - 1) + ob
             if eb:
                 tail_peak = max(tail_peak, self.bwd(max(last + 1, eth), b - 1) + ob + eb)
-            if pre > NO_STEPS:
+            if pre > -INF_BYTES:
                 tail_peak = max(tail_peak, pre + ob + (eb if eb and last >= eth else 0))
             if tail_peak > m:
                 return None
@@ -374,7 +374,7 @@ class NestedDp:
         k_min = front[0][0]
         run_body = c.w_run[p] + c.a[p]
         i = p + 1  # ops p..i-1 are in run_body
-        whole = NO_STEPS  # the largest whole backward of ops p..j-1
+        whole = -INF_BYTES  # the largest whole backward of ops p..j-1
         j = p
         for q in ends:
             while i < q:
@@ -388,7 +388,7 @@ class NestedDp:
             star = q > f.last  # the piece holding the last packer: not run in the replay
             # What the child's steps need at least: the backward of its ops, its last
             # packer's from the replay on, and that packer's own tail unless hoisted.
-            lower = max(whole, self.post_lb[j], NO_STEPS if star else self.pre_lb[j])
+            lower = max(whole, self.post_lb[j], -INF_BYTES if star else self.pre_lb[j])
             const_q, ext = const, (0, 0)
             if partial_o:
                 const_q, ext = split_outer(ob, c.fp[a], p, q, const_q, ext)

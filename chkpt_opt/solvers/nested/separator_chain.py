@@ -44,7 +44,8 @@ from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners,
 from chkpt_opt.op_sequence import Step, lower
 from chkpt_opt.schedule import Schedule, cut_positions, nesting_allowed
 from chkpt_opt.simulate import step_bytes
-from chkpt_opt.solvers.nested.unit_chain import NO_STEPS, NestedChain, positions
+from chkpt_opt.solvers.base import INF_BYTES
+from chkpt_opt.solvers.nested.unit_chain import NestedChain, positions
 from chkpt_opt.solvers.segments import last_reads
 
 _log = logging.getLogger(__name__)
@@ -252,9 +253,9 @@ def separator_chain(graph: CostGraph) -> NestedChain:
     for u, (s, t_) in enumerate(units):
         ks = window[u]
         if not ks:  # nothing of it needs a gradient (position ids): no backward steps
-            bwd_base.append(NO_STEPS)
-            bwd_post.append(NO_STEPS)
-            bwd_pre.append(NO_STEPS)
+            bwd_base.append(-INF_BYTES)
+            bwd_post.append(-INF_BYTES)
+            bwd_pre.append(-INF_BYTES)
             rec_base.append(0)
             continue
         if ks != list(range(ks[0], ks[-1] + 1)):
@@ -272,7 +273,7 @@ def separator_chain(graph: CostGraph) -> NestedChain:
             bwd_post.append(max([own[post[0]] + a[u], *(own[k] for k in post[1:])]) - a[u])
         else:
             bwd_post.append(max(own[k] for k in post) - out_term)
-        bwd_pre.append(max(own[k] for k in pre) - e[u] if pre else NO_STEPS)
+        bwd_pre.append(max(own[k] for k in pre) - e[u] if pre else -INF_BYTES)
         before = trigger - 1
         rec_base.append(
             kept.after[before]

@@ -35,7 +35,7 @@ from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, check_schedule, nesting_allowed
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, rank, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.segments import candidate_cuts
@@ -125,38 +125,39 @@ class NestedSolver:
         order = ordered_nodes(graph)
         n = len(order)
         cuts = candidate_cuts(graph)
-        best: tuple[Schedule, MemoryProfile, Shape] | None = None
         tried = 0
         seen: set[tuple[tuple[Span, ...], tuple[Span, ...]]] = set()
         timed_out = False
         may_nest = nesting_allowed(graph)
-        for shape in shapes(len(cuts), max_levels=self.max_levels, max_branch=self.max_branch):
-            if deadline.expired():
-                timed_out = True
-                break
-            if not may_nest and (shape.levels or shape.prefix):
-                continue  # see nesting_allowed: one level of regions only
-            outer, nested = shape_spans(cuts, n, shape)
-            key = (tuple(outer), tuple(nested))
-            if key in seen:
-                continue
-            seen.add(key)
-            schedule = Schedule(
-                regions=tuple(tuple(order[a:b]) for a, b in outer),
-                nested=tuple(tuple(order[a:b]) for a, b in nested),
-            )
-            try:
-                check_schedule(graph, schedule)
-            except ScheduleError:
-                continue
-            profile = simulate(graph, schedule, check=False)
-            tried += 1
-            if best is None or rank(profile, budget_bytes) < rank(best[1], budget_bytes):
-                best = (schedule, profile, shape)
+
+        def simulated() -> Iterator[tuple[tuple[Schedule, Shape], MemoryProfile]]:
+            nonlocal tried, timed_out
+            for shape in shapes(len(cuts), max_levels=self.max_levels, max_branch=self.max_branch):
+                if deadline.expired():
+                    timed_out = True
+                    return
+                if not may_nest and (shape.levels or shape.prefix):
+                    continue  # see nesting_allowed: one level of regions only
+                outer, nested = shape_spans(cuts, n, shape)
+                key = (tuple(outer), tuple(nested))
+                if key in seen:
+                    continue
+                seen.add(key)
+                schedule = Schedule(
+                    regions=tuple(tuple(order[a:b]) for a, b in outer),
+                    nested=tuple(tuple(order[a:b]) for a, b in nested),
+                )
+                try:
+                    check_schedule(graph, schedule)
+                except ScheduleError:
+                    continue
+                tried += 1
+                yield (schedule, shape), simulate(graph, schedule, check=False)
+
+        best = lowest_ranked(simulated(), budget_bytes)
         if best is None:
-            schedule = Schedule()
-            best = (schedule, simulate(graph, schedule), Shape(0, (), 0))
-        schedule, profile, shape = best
+            best = ((Schedule(), Shape(0, (), 0)), simulate(graph, Schedule()))
+        (schedule, shape), profile = best
         return result_from_profile(
             schedule,
             profile,

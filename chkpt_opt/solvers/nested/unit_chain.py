@@ -36,14 +36,12 @@ from dataclasses import dataclass
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, edge_uses, ordered_nodes, storage_owners
 from chkpt_opt.schedule import Schedule, cut_positions, region_tree
+from chkpt_opt.solvers.base import INF_BYTES
 
 Plan = tuple[tuple, ...]
 """A region tree: ``(start, stop, children)`` for each region at one level, by position,
 and ``(unit, k)`` for each plain unit there that runs its option ``k``
 (:attr:`NestedChain.options`)."""
-
-NO_STEPS = -(1 << 62)
-"""The bytes of a part of a unit's backward that has no steps (below every sum)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +107,7 @@ class NestedChain:
         bwd_post: like ``bwd_base`` for the backward steps from the unit's last packer on
             (those after the replay when the unit holds a region's last packer).
         bwd_pre: the bytes of the backward steps before it, which then run before the
-            replay with nothing of the region alive (``NO_STEPS``: none).
+            replay with nothing of the region alive (``-INF_BYTES``: none).
         exact: whether the DP counts every plan's steps exactly as the simulator does
             (always for a simple chain; see :mod:`~chkpt_opt.solvers.nested.separator_chain`);
             otherwise it counts no step below the simulator, and at most
@@ -297,7 +295,7 @@ def simple_chain(graph: CostGraph) -> NestedChain:
         w_run=w,
         w_stop=w,
         bwd_post=bwd_base,
-        bwd_pre=(NO_STEPS,) * n,
+        bwd_pre=(-INF_BYTES,) * n,
     )
 
 
@@ -376,3 +374,19 @@ def schedule_plan(graph: CostGraph, chain: NestedChain, schedule: Schedule) -> P
         return (unit(span.start), unit(span.stop), tuple(build(c) for c in span.children))
 
     return tuple(build(k) for k, span in enumerate(tree) if span.parent < 0)
+
+
+def lowest_peak_floor_bytes(chain: NestedChain) -> int:
+    """Bytes below every plan's peak (a floor under the lowest peak): the largest of the
+    steps' schedule-independent bytes (a unit's backward, whole or split at a replay; its
+    forward or run with its input and output; ``bwd_start``'s)."""
+    c = chain
+    forward = max(
+        min([c.w[i], c.w_run[i], *(o.w for o in c.options_of(i))]) + c.a[i] + c.inp(i)
+        for i in range(c.n)
+    )
+    backward = max(
+        min([max(c.bwd_post[i], c.bwd_pre[i]), *(o.bwd for o in c.options_of(i))])
+        for i in range(c.n)
+    )
+    return max(backward, forward, c.cb)

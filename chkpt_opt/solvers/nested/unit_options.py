@@ -32,7 +32,8 @@ its first packer's backward; nested inside a region they are freed when their re
 ends, earlier, so there the DP may count up to the bytes of those inputs too many. The
 option's ``slack_bytes`` covers both, and a chain with options is exact only where no
 option's regions hold anything (a scratch check found the over-count on a random DAG:
-``tests/test_unit_options.py`` counts random plans with options against the simulator).
+``tests/solvers/nested/test_unit_options.py`` counts random plans with options against the
+simulator).
 """
 
 from __future__ import annotations

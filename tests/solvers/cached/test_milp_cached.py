@@ -19,7 +19,7 @@ from chkpt_opt.solvers.interval.cache_columns import CacheColumns
 from tests.conftest import REL, assert_valid_result
 from tests.reference.general_enumerate import general_optimum, general_schedules
 
-CORPUS = Path(__file__).resolve().parent.parent / "graphs"
+CORPUS = Path(__file__).resolve().parents[3] / "graphs"
 
 TINY = {
     "chain5": lambda: chain_graph(5, activation_bytes=[1000, 3000, 1000, 2000, 1000]),

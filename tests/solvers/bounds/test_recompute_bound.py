@@ -21,7 +21,7 @@ from chkpt_opt.solvers.deadline import Deadline
 from tests.general_schedules import random_general_schedule
 from tests.reference.general_enumerate import general_optimum, general_smallest_peak
 
-CORPUS = Path(__file__).resolve().parent.parent / "graphs"
+CORPUS = Path(__file__).resolve().parents[3] / "graphs"
 SLACK = 1e-12
 
 

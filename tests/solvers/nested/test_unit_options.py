@@ -27,7 +27,7 @@ from chkpt_opt.solvers.nested.separator_chain import separator_chain, separators
 from chkpt_opt.solvers.nested.unit_chain import NestedChain, Plan, plan_schedule
 from chkpt_opt.solvers.nested.unit_options import with_options
 from tests.conftest import assert_valid_result
-from tests.test_separator_chain import _all_plans, _random_plan
+from tests.solvers.nested.test_separator_chain import _all_plans, _random_plan
 
 
 def _free_units(

@@ -46,7 +46,7 @@ from tests.reference.revolve import (
     revolve_reference,
 )
 
-CORPUS = Path(__file__).resolve().parents[1] / "graphs"
+CORPUS = Path(__file__).resolve().parents[3] / "graphs"
 
 
 # -- graphs -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from chkpt_opt.solvers.interval.model import simulator_slot_bytes
 from tests.conftest import REL, random_interval_choice
 from tests.reference.general_enumerate import general_schedules
 
-CORPUS = Path(__file__).resolve().parent.parent / "graphs"
+CORPUS = Path(__file__).resolve().parents[3] / "graphs"
 
 
 def _check(graph: CostGraph, cache: str, n_schedules: int, rng: random.Random) -> int:

@@ -20,7 +20,7 @@ from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.keepset.bound_rounding import bound_rounding
 from tests.conftest import assert_valid_result
 
-CORPUS = Path(__file__).resolve().parent.parent / "graphs"
+CORPUS = Path(__file__).resolve().parents[3] / "graphs"
 
 
 @pytest.mark.parametrize("name", ["gpt_small", "vit_small", "resnet_small", "unet_small"])

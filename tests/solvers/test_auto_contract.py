@@ -18,7 +18,7 @@ from chkpt_opt.solvers import get_solver
 from chkpt_opt.solvers.registry import available_solvers
 from tests.conftest import REL, assert_valid_result
 
-CORPUS = Path(__file__).resolve().parent.parent / "graphs"
+CORPUS = Path(__file__).resolve().parents[2] / "graphs"
 TIME_LIMIT_S = 10.0
 
 

@@ -15,16 +15,14 @@ from chkpt_opt.graphs.synthetic import random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.nested.dp_nested import SEPARATOR_SPACE, predict
 from chkpt_opt.solvers.nested.separator_chain import UNITS, separator_chain
-from chkpt_opt.solvers.nested.unit_chain import (
-    NO_STEPS,
-    Plan,
-    plan_schedule,
-    simple_chain,
-)
+from chkpt_opt.solvers.nested.unit_chain import Plan, plan_schedule, simple_chain
 from tests.conftest import assert_valid_result
-from tests.test_dp_nested import random_chain, random_unit_chain
+from tests.solvers.nested.test_dp_nested import random_chain, random_unit_chain
+
+NO_STEPS = -INF_BYTES
 
 
 def _random_plan(rng: random.Random, lo: int, hi: int, depth: int) -> Plan:
