@@ -39,6 +39,7 @@ import hashlib, json, sys, torch
 import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.measure import measure_step
+torch.set_num_threads(int(sys.argv[3]))  # the parent's: the same sums in the same order
 model, args, kwargs = zoo.gpt(**json.loads(sys.argv[2]))
 optimized = chkpt_opt.apply(model, sys.argv[1], args)
 torch.manual_seed(0)
@@ -63,7 +64,14 @@ def test_round_trip_through_a_fresh_process(tmp_path: Path) -> None:
     here = measure_step(plan.apply(), args).peak_bytes
     digest = _grad_digest(model)
     result = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS, str(path), json.dumps(GPT)],
+        [
+            sys.executable,
+            "-c",
+            FRESH_PROCESS,
+            str(path),
+            json.dumps(GPT),
+            str(torch.get_num_threads()),
+        ],
         capture_output=True,
         text=True,
         check=True,
