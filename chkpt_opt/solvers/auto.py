@@ -355,9 +355,9 @@ def _beyond_keep_set(
     # (it takes the keep-set result as its start and cost cap), and the cached-op search
     # from its result where that is the best so far; not where the best already meets the
     # bound that holds over every schedule.
-    if not _proven_over_every_schedule(best_of([keep, *found]), cover):
+    best = best_of([keep, *found])
+    if not _proven_over_every_schedule(best, cover):
         before = len(found)
-        best = best_of([keep, *found])
         cap_s = best.objective if best.feasible else None  # only cheaper schedules matter
         cached_program = get_solver("milp_cached", keep_set=keep, cost_cap_s=cap_s)
         left_s = deadline.remaining_s()
@@ -429,15 +429,15 @@ def _beyond_keep_set(
     )
 
 
-def _proven_over_every_schedule(keep: SolveResult, cover: RecomputeBound) -> bool:
-    """Whether nothing beyond keep-set can beat ``keep``: it recomputes nothing, or its
+def _proven_over_every_schedule(result: SolveResult, cover: RecomputeBound) -> bool:
+    """Whether nothing beyond keep-set can beat ``result``: it recomputes nothing, or its
     cost meets the recompute bound, or (nothing fitting) its peak meets the bound's floor;
     the bound and the floor hold over every schedule."""
-    if keep.feasible:
-        if keep.objective <= 0.0:
+    if result.feasible:
+        if result.objective <= 0.0:
             return True
-        return meets_bound(keep.objective, cover.bound_s)
-    return cover.floor_bytes >= keep.peak_bytes
+        return meets_bound(result.objective, cover.bound_s)
+    return cover.floor_bytes >= result.peak_bytes
 
 
 def _proves_lowest_peak(result: SolveResult, peak_bytes: int) -> bool:
