@@ -37,6 +37,7 @@ Every engine holds the program's variables in one :class:`ProgramVariables`.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -268,6 +269,29 @@ def build_program(
         starts=tuple(tuple(s) for s in starts),
         stops=tuple(tuple(s) for s in stops),
     )
+
+
+def count_terms(model: IntervalModel) -> int:
+    """The terms of :func:`build_program`'s hold rows (``tight``) and memory rows before
+    identical rows are merged (an upper bound on what an engine builds), counted from
+    ``model`` without building them: what sizes a program before its build is paid for."""
+    last = model.end_slot - 1
+    terms = 0
+    for life in model.lifetimes:
+        for holder in life.holders:
+            region_ends = sorted(e for _, e in holder.region_ends)
+            for end in life.ends:
+                reaching = len(region_ends) - bisect.bisect_left(region_ends, end)
+                outside = holder.outside_end is not None and holder.outside_end >= end
+                terms += reaching + outside
+        if life.size_bytes:
+            lo = life.fixed_end
+            for end in life.ends:
+                terms += max(0, min(end, last) - lo)
+                lo = end
+    for iv in model.intervals:
+        terms += sum(stop - first + 1 for first, stop, _ in _interval_segments(iv, last))
+    return terms
 
 
 _ROWS = "building the memory rows of the interval program"

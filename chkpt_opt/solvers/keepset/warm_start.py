@@ -1,6 +1,6 @@
 """Warm starts: the greedy sweep's schedule, as a fallback result and as interval ids an
-engine can take as a hint; and the incumbent of the pruned search (the best of the greedy
-sweep, the rounded recompute bound and, on graphs of repeated blocks, the block search).
+engine can take as a hint; and the incumbents of the pruned search (the better of the
+greedy sweep and the rounded recompute bound; on graphs of repeated blocks, the block search).
 These are heuristics under the solvers, not registered solvers: only ``auto`` composes
 solvers."""
 
@@ -37,24 +37,39 @@ def hint_ids(graph: CostGraph, model: IntervalModel, result: SolveResult) -> lis
         return None
 
 
-def incumbent(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None) -> SolveResult:
-    """The best of the greedy sweep, the schedule rounded from the recompute bound's LP
-    and, on graphs of repeated blocks, the block search, all within ``time_limit_s``
-    together (in that order, each with the time the others left); the result names the
-    one it came from (``greedy``, ``bound_rounding`` or ``hierarchical``)."""
+def quick_incumbent(
+    graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None
+) -> SolveResult:
+    """The better of the greedy sweep and the schedule rounded from the recompute bound's LP
+    (each well under a second on graphs of a few hundred ops), within ``time_limit_s``
+    together; the result names the one it came from (``greedy`` or ``bound_rounding``)."""
     deadline = Deadline.after(time_limit_s)
     results = [greedy_sweep(graph, budget_bytes, time_limit_s=deadline.remaining_s())]
     results.append(bound_rounding(graph, budget_bytes, deadline=deadline))
-    if find_blocks(graph) is not None and not deadline.expired():
-        try:
-            results.append(
-                BlockSearch().search(
-                    graph,
-                    budget_bytes,
-                    deadline=Deadline.after(deadline.remaining_s()),
-                    solver="hierarchical",
-                )
-            )
-        except SolverError as err:
-            log.info("block-search incumbent refused: %s", err)
     return best_of(results)
+
+
+def block_incumbent(
+    graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None
+) -> SolveResult | None:
+    """The block search's result (named ``hierarchical``) on graphs of repeated blocks,
+    within ``time_limit_s``; None on other graphs, with no time left, or where it refuses
+    the graph."""
+    if find_blocks(graph) is None or (time_limit_s is not None and time_limit_s <= 0):
+        return None
+    try:
+        return BlockSearch().search(
+            graph, budget_bytes, deadline=Deadline.after(time_limit_s), solver="hierarchical"
+        )
+    except SolverError as err:
+        log.info("block-search incumbent refused: %s", err)
+        return None
+
+
+def incumbent(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None) -> SolveResult:
+    """The best of :func:`quick_incumbent` and :func:`block_incumbent`, within
+    ``time_limit_s`` together (the block search gets what the quick ones leave)."""
+    deadline = Deadline.after(time_limit_s)
+    quick = quick_incumbent(graph, budget_bytes, time_limit_s=time_limit_s)
+    blocks = block_incumbent(graph, budget_bytes, time_limit_s=deadline.remaining_s())
+    return quick if blocks is None else best_of([quick, blocks])

@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from pathlib import Path
 
 import pytest
 
 from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
@@ -28,9 +30,13 @@ from chkpt_opt.solvers.engines.milp_engine import solve_milp
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.judge import finish
 from chkpt_opt.solvers.interval.prepare import Prepared
-from chkpt_opt.solvers.interval.program import build_program
+from chkpt_opt.solvers.interval.program import build_program, count_terms
+from chkpt_opt.solvers.keepset import pruned_search
 from chkpt_opt.solvers.keepset.enumerate import best_for_budget, evaluate_all, pareto_front
+from chkpt_opt.solvers.keepset.warm_start import quick_incumbent
 from tests.conftest import REL, assert_valid_result
+
+CORPUS = Path(__file__).resolve().parents[3] / "graphs"
 
 
 def _graphs() -> list[CostGraph]:
@@ -240,6 +246,34 @@ def test_program_rows_name_each_variable_once_in_ascending_order() -> None:
                     variables = [v for v, _ in terms]
                     assert variables == sorted(set(variables))
                     assert all(c > 0 for _, c in terms)
+
+
+def test_count_terms_counts_the_rows_the_program_builds() -> None:
+    """The count that sizes a program before it is built: every term of its hold rows and
+    of its memory rows before identical ones merge."""
+    for graph in (random_dag(40, seed=5, skip_prob=0.5, max_inputs=3), chain_graph(12)):
+        model = build_interval_model(graph)
+        program = build_program(model)
+        built = sum((len(r.x_terms) + len(r.y_terms)) * len(r.slots) for r in program.memory_rows)
+        built += sum(len(h.x_ids) + (h.node is not None) for h in program.holds)
+        assert count_terms(model) == built > 0
+
+
+def test_a_program_too_large_for_the_time_left_gives_the_block_search_that_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    graph = load_graph(CORPUS / "gpt_small.json")  # repeated blocks
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.6)
+    monkeypatch.setattr(pruned_search, "EXACT_BUILD_TERMS_PER_S", 1.0)
+    start = time.perf_counter()
+    result = get_solver("pruned")(graph, budget, time_limit_s=4)
+    assert time.perf_counter() - start < 4 + 2
+    assert_valid_result(graph, result, budget)
+    assert "program terms" in result.stats["exact_skipped"]
+    assert result.stats["incumbent_from"] == "hierarchical"
+    assert result.status == SolveStatus.FEASIBLE and result.bound is None
+    quick = quick_incumbent(graph, budget, time_limit_s=None)
+    assert result.objective <= quick.objective + 1e-15
 
 
 def test_pruned_solver_returns_the_incumbent_when_out_of_time() -> None:
