@@ -254,9 +254,36 @@ class OptionPool:
 
     def sweep_levels(self, levels: int, *, n_kept: int) -> None:
         """Sweeps ``levels`` caps spread evenly between the lowest and the keep-all peak."""
-        span = self.p_high - self.p_low
         for t in range(levels):
-            self.sweep(self.p_low + span * t // max(1, levels - 1), n_kept=n_kept)
+            self.sweep_level(t, levels, n_kept=n_kept)
+
+    def sweep_level(self, t: int, levels: int, *, n_kept: int) -> None:
+        """Sweeps the ``t``-th of ``levels`` caps spread evenly between the lowest and the
+        keep-all peak."""
+        span = self.p_high - self.p_low
+        self.sweep(self.p_low + span * t // max(1, levels - 1), n_kept=n_kept)
+
+
+def coarse_to_fine(levels: int) -> list[int]:
+    """``0 .. levels - 1`` with both ends first, then the midpoints of the widest gaps left:
+    every prefix spreads over the whole range."""
+    order = list(dict.fromkeys([0, levels - 1])) if levels > 0 else []
+    gaps = [(0, levels - 1)]
+    while gaps:
+        wider = [(lo, hi) for lo, hi in gaps if hi - lo > 1]
+        order += [(lo + hi) // 2 for lo, hi in wider]
+        gaps = [g for lo, hi in wider for g in ((lo, (lo + hi) // 2), ((lo + hi) // 2, hi))]
+    return order
+
+
+def sweep_together(pools: Sequence[OptionPool], levels: int, *, n_kept: int) -> None:
+    """Every pool's :meth:`OptionPool.sweep_levels`, interleaved: level by level in
+    :func:`coarse_to_fine` order, every pool at each level, so sweeps cut by a deadline
+    leave every block options spread over its range (one pool after another left the last
+    blocks their lowest-peak option alone, and the chain DP little to choose from)."""
+    for t in coarse_to_fine(levels):
+        for pool in pools:
+            pool.sweep_level(t, levels, n_kept=n_kept)
 
 
 def chain_dp(options: list[list[Option]], budget_bytes: int) -> tuple[float, list[int]] | None:

@@ -38,7 +38,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
-from chkpt_opt.solvers.blocks.options import Option, OptionPool, chain_dp, polish
+from chkpt_opt.solvers.blocks.options import Option, OptionPool, chain_dp, polish, sweep_together
 from chkpt_opt.solvers.blocks.repeated import (
     Blocks,
     Segment,
@@ -227,8 +227,8 @@ class BlockSearch:
                 deadline=deadline,
                 first_deadline=Deadline.after(share),
             )
-        for pool in pools.values():  # then the sweeps share what time is left
-            pool.sweep_levels(self.peak_levels, n_kept=self.n_kept)
+        # Then the sweeps share what time is left.
+        sweep_together(list(pools.values()), self.peak_levels, n_kept=self.n_kept)
 
         def tables() -> list[list[Option]]:
             index = {(iv.start, iv.stop): k for k, iv in enumerate(model.intervals)}
@@ -248,8 +248,7 @@ class BlockSearch:
         while rounds < self.refine_rounds and not deadline.expired():
             before = sum(len(pool.found) for pool in pools.values())
             if picked is None:
-                for pool in pools.values():
-                    pool.sweep_levels(2 * self.peak_levels, n_kept=self.n_kept)
+                sweep_together(list(pools.values()), 2 * self.peak_levels, n_kept=self.n_kept)
             else:
                 kept = 0
                 for j, o in enumerate(picked[1]):
