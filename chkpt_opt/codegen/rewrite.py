@@ -15,7 +15,6 @@ from chkpt_opt.codegen.runtime import (
     CheckpointRegion,
     begin_cached_op,
     end_cached_op,
-    fetch_attr,
     run_cached_traced,
 )
 from chkpt_opt.codegen.state import (
@@ -26,6 +25,7 @@ from chkpt_opt.codegen.state import (
     state_info,
 )
 from chkpt_opt.errors import ScheduleError
+from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, check_schedule, innermost_regions, region_tree
 

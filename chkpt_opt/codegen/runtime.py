@@ -23,6 +23,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from chkpt_opt.fx_attrs import fetch_attr
+
 _RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "chkpt_opt_recomputing", default=False
 )
@@ -429,11 +431,3 @@ def _replayed_generators(
     finally:
         for generator, state in zip(generators, current):
             generator.set_state(state)
-
-
-def fetch_attr(root: torch.nn.Module, target: str) -> Any:
-    """The attribute of ``root`` at the dotted path ``target`` (an fx get_attr target)."""
-    value: Any = root
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
