@@ -29,11 +29,11 @@ import torch
 
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes
 from chkpt_opt.codegen import apply_schedule
-from chkpt_opt.codegen.overhead import measure_region_costs
 from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
-from chkpt_opt.measure import device_of
+from chkpt_opt.measurement import trace_and_measure
+from chkpt_opt.measurement.step import device_of
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.sharding import (
@@ -268,7 +268,8 @@ def plan(
         profile_times: time every op's forward on the model's device, so the solver weighs
             recomputation by measured rather than estimated times (runs the model a few
             times), and measure what one recompute region costs beyond its ops there
-            (:mod:`chkpt_opt.codegen.overhead`), which every region of a plan is charged.
+            (:mod:`chkpt_opt.measurement.region_costs`), which every region of a plan is
+            charged: what :func:`trace` measures with it.
             None (the default): on for a model on a CUDA device, off elsewhere. On a GPU
             the roofline estimate misjudges small, launch-bound kernels: the zoo GPT and
             ResNet planned at half their activations on an H200 ran at 2.86x and 3.21x the
@@ -291,7 +292,7 @@ def plan(
     model, sharding = traced_module_and_sharding(model, sharding)
     if profile_times is None:
         profile_times = device_of(model, (example_inputs,)).type == "cuda"
-    traced = trace_model(
+    traced = trace_and_measure(
         model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
     )
     left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
@@ -301,7 +302,6 @@ def plan(
         solver=solver,
         optimizer=optimizer,
         time_limit_s=left,
-        profile_times=profile_times,
         sharding=sharding,
     )
     log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
@@ -315,14 +315,13 @@ def plan_traced(
     solver: str = "auto",
     optimizer: OptimizerArg = "adamw",
     time_limit_s: float | None = None,
-    profile_times: bool = False,
     sharding: Sharding | None = None,
 ) -> Plan:
     """:func:`plan` for a model already traced: the budget split, the solve and the
-    simulation of its schedule. ``time_limit_s`` bounds this call (at least one second for
-    the solver, and again for the search for the smallest feasible budget when the budget
-    cannot be met); ``profile_times`` says whether the trace measured op times, in which
-    case what regions cost beyond their ops is measured here too; ``sharding`` as in
+    simulation of its schedule, on ``traced.graph`` as it is (measure it first through
+    :func:`chkpt_opt.measurement.measure_traced`, as :func:`plan` does). ``time_limit_s``
+    bounds this call (at least one second for the solver, and again for the search for the
+    smallest feasible budget when the budget cannot be met); ``sharding`` as in
     :func:`plan`.
 
     Raises:
@@ -336,8 +335,6 @@ def plan_traced(
         return max(1.0, time_limit_s - (time.perf_counter() - start))
 
     graph = traced.graph
-    if profile_times and "region_overhead_s" not in graph.graph:
-        _measure_region_costs(traced)
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer, sharding=sharding)
     graph = per_rank_graph(graph, sharding)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
@@ -422,20 +419,11 @@ def trace(
     tracer: str = "auto",
     profile_times: bool = False,
 ) -> CostGraph:
-    """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`).
-    ``profile_times`` measures on the model's device what :func:`plan` measures there with
-    it: every op's time, and what regions cost beyond their ops, so that ``trace`` then
-    ``solve`` sees the graph ``plan`` solves."""
-    traced = trace_model(
+    """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`),
+    with what is measured on its device written in (:mod:`chkpt_opt.measurement`): on CUDA
+    the kernel workspace, and with ``profile_times`` every op's time and what regions cost
+    beyond their ops. :func:`plan` traces the same way, so ``trace`` then ``solve`` sees
+    the graph ``plan`` solves."""
+    return trace_and_measure(
         model, example_inputs, example_kwargs, name=name, method=tracer, profile_times=profile_times
-    )
-    if profile_times:
-        _measure_region_costs(traced)
-    return traced.graph
-
-
-def _measure_region_costs(traced: Traced) -> None:
-    """Writes what regions cost beyond their ops on the traced model's device into its
-    graph (:mod:`chkpt_opt.codegen.overhead`)."""
-    device = device_of(traced.captured.module, traced.args)
-    measure_region_costs(device).store(traced.graph)
+    ).graph

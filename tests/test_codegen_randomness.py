@@ -14,7 +14,7 @@ from torch import nn
 import chkpt_opt
 from chkpt_opt.codegen import CheckpointRegion, apply_schedule
 from chkpt_opt.graphs.costgraph import ordered_nodes
-from chkpt_opt.measure import measure_step, measure_step_allocator
+from chkpt_opt.measurement.step import measure_step, measure_step_allocator
 from chkpt_opt.schedule import Schedule
 
 

@@ -18,7 +18,8 @@ from chkpt_opt import zoo
 from chkpt_opt.errors import ChkptOptError, InfeasibleBudgetError, ScheduleError
 from chkpt_opt.export.compiled import EQUAL_WITHIN, measure_compiled
 from chkpt_opt.export.partitioner import PlanPartitioner, compile_module
-from chkpt_opt.measure import measure_step_allocator, preserved_state, run_step
+from chkpt_opt.measurement.module_state import preserved_state
+from chkpt_opt.measurement.step import measure_step_allocator, run_step
 from chkpt_opt.solvers import get_solver
 from tests.conftest import budget_at
 

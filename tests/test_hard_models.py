@@ -26,7 +26,8 @@ from chkpt_opt.api import Plan, smallest_peak
 from chkpt_opt.codegen import CheckpointRegion, apply_schedule, is_recomputing
 from chkpt_opt.errors import ChkptOptError, ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import ordered_nodes
-from chkpt_opt.measure import measure_step, preserved_state
+from chkpt_opt.measurement.module_state import preserved_state
+from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule
 from tests.conftest import smallest_plan
 

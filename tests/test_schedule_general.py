@@ -17,7 +17,7 @@ from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.graphs.tracer import trace_model
-from chkpt_opt.measure import measure_step
+from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule, check_schedule, region_tree
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import simulate
