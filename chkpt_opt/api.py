@@ -29,7 +29,6 @@ import torch
 
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes
 from chkpt_opt.codegen import apply_schedule
-from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement import trace_and_measure
@@ -52,6 +51,7 @@ from chkpt_opt.whole_step import (
     simulate_step,
     solve,
     static_memory_for,
+    unmet_budget_error,
 )
 
 __all__ = [
@@ -147,17 +147,16 @@ class Plan:
                 self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s
             )
             if not result.feasible:
-                lowest = smallest_peak(self.graph, time_limit_s=time_limit_s, nesting=False)
-                minimum = self.static.step_peak_bytes(lowest.peak_bytes)
-                raise InfeasibleBudgetError(
-                    f"budget {self.budget.text!r} = {format_bytes(self.budget.total_bytes)} "
-                    "is met only by nesting recompute regions, which the torch.compile path "
-                    "cannot run (its partitioner does not nest recomputations); a compiled "
-                    f"plan needs at least {format_bytes(minimum)} ({minimum} bytes). Raise "
-                    "the budget for the compiled plan, or run plan.apply() eagerly.",
-                    budget_bytes=self.activation_budget_bytes,
-                    min_feasible_bytes=minimum,
-                    exact=bool(lowest.stats.get("min_feasible_proven")),
+                raise unmet_budget_error(
+                    self.graph,
+                    self.budget,
+                    self.static,
+                    self.activation_budget_bytes,
+                    time_limit_s=time_limit_s,
+                    nesting=False,
+                    scope="without nesting recompute regions, which the torch.compile path "
+                    "cannot run (its partitioner does not nest recomputations)",
+                    fix="Raise the budget for the compiled plan, or run plan.apply() eagerly.",
                 )
             self._compiled = dataclasses.replace(
                 self, result=result, profile=simulate(self.graph, result.schedule)
@@ -339,20 +338,7 @@ def plan_traced(
     graph = per_rank_graph(graph, sharding)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
-        lowest = smallest_peak(graph, time_limit_s=left_s())
-        minimum = static.step_peak_bytes(lowest.peak_bytes)
-        how = _smallest_budget_phrase(lowest)
-        raise InfeasibleBudgetError(
-            f"budget {parsed.text!r} = {format_bytes(parsed.total_bytes)} is below {how} "
-            "for this model and inputs: "
-            f"{format_bytes(minimum)} ({minimum} bytes; "
-            f"resident {format_bytes(static.resident_bytes)}"
-            f" + forward/backward {format_bytes(lowest.peak_bytes)}). Raise the budget to at least "
-            "that, or reduce the batch size.",
-            budget_bytes=act,
-            min_feasible_bytes=minimum,
-            exact=bool(lowest.stats.get("min_feasible_proven")),
-        )
+        raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s())
     return Plan(
         graph=graph,
         result=result,
@@ -363,19 +349,6 @@ def plan_traced(
         traced=traced,
         sharding=sharding,
     )
-
-
-def _smallest_budget_phrase(lowest: SolveResult) -> str:
-    """What the lowest peak found is proven the smallest of: every schedule's where the
-    recompute bound's floor (which holds over every schedule) meets it, keep-set
-    schedules' where only a keep-set search proved it."""
-    if not lowest.stats.get("min_feasible_proven"):
-        return "the smallest budget the available solvers can meet"
-    cover = lowest.stats.get("recompute_bound")
-    floor_bytes = cover.get("floor_bytes", 0) if isinstance(cover, dict) else 0
-    if floor_bytes >= lowest.peak_bytes:
-        return "the smallest budget any schedule can meet"
-    return "the smallest budget any keep-set schedule can meet"
 
 
 def apply(

@@ -9,13 +9,14 @@ import torch
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.api import _smallest_budget_phrase, smallest_peak
+from chkpt_opt.api import smallest_peak
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.nested.separator_chain import UNITS, separators
+from chkpt_opt.whole_step import smallest_budget_phrase
 from tests.conftest import MODELS, budget_at, smallest_plan
 
 N_BUDGETS = 3
@@ -171,7 +172,7 @@ def test_smallest_budget_names_the_space_its_proof_holds_over(
         solve_s=0.0,
         stats={"min_feasible_proven": proven, "recompute_bound": {"floor_bytes": floor_bytes}},
     )
-    assert _smallest_budget_phrase(lowest).endswith(phrase)
+    assert smallest_budget_phrase(lowest).endswith(phrase)
 
 
 def test_profile_times_defaults_to_the_estimate_on_cpu() -> None:
