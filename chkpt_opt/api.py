@@ -1,6 +1,11 @@
 """The public API: trace, solve, simulate, plan (the in-place ``optimize`` is in
 :mod:`chkpt_opt.attachment`).
 
+Words: to *trace* a model is to turn it and example inputs into a CostGraph (the tracer on
+fake tensors, then what :mod:`chkpt_opt.measurement` measures on the device); to *apply* a
+schedule to a model is to return a new module that runs the schedule and shares the model's
+Parameters and buffers (codegen's :func:`~chkpt_opt.codegen.rewrite_module`).
+
 Units: solvers and the simulator count activation bytes (what the forward and backward
 passes create); :func:`solve` and :func:`plan` take the budget of the whole training step
 and report both (see :mod:`chkpt_opt.whole_step`, where :func:`solve`,
@@ -28,7 +33,7 @@ from typing import Any
 import torch
 
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes
-from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement import trace_and_measure
@@ -110,7 +115,8 @@ class Plan:
         return self.static.step_peak_bytes(self.profile.peak_bytes)
 
     def apply(self, *, for_compile: bool = False) -> torch.nn.Module:
-        """Returns a new module that runs the schedule; it shares the model's parameters.
+        """Applies the plan's schedule to its model (see the module docstring): a new module
+        that runs it and shares the model's Parameters and buffers.
 
         With ``for_compile=True`` the module is meant for ``torch.compile``: its recompute
         regions become regions that the compiled backward recomputes, and their cached ops
@@ -119,7 +125,7 @@ class Plan:
         """
         plan = self.for_compile() if for_compile else self
         module = plan.traced.captured.fresh_module()
-        return apply_schedule(module, plan.graph, plan.schedule, for_compile=for_compile)
+        return rewrite_module(module, plan.graph, plan.schedule, for_compile=for_compile)
 
     def for_compile(self, *, time_limit_s: float | None = None) -> Plan:
         """The plan that the compiled step runs: this plan when its regions do not nest
@@ -360,7 +366,8 @@ def apply(
     tracer: str = "auto",
     for_compile: bool = False,
 ) -> torch.nn.Module:
-    """Rebuilds the optimized module from a schedule file, without solving.
+    """Applies the schedule saved in a file to ``model`` (see the module docstring), without
+    solving: the module :meth:`Plan.apply` returns for the plan that saved it.
 
     The model is traced (on fake tensors) to rebuild its graph; the file is refused if it
     was made for another model or other input shapes. ``for_compile`` as in
@@ -372,7 +379,7 @@ def apply(
     loaded = load_schedule(path)
     traced = trace_model(model, example_inputs, example_kwargs, method=tracer)
     loaded.check_against(traced.graph)
-    return apply_schedule(
+    return rewrite_module(
         traced.captured.fresh_module(), traced.graph, loaded.schedule, for_compile=for_compile
     )
 

@@ -14,7 +14,7 @@ from torch import nn
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph, ordered_nodes
 from chkpt_opt.graphs.tracer import trace_model
@@ -784,7 +784,7 @@ def test_a_composite_ops_backward_frees_its_saved_buffers_as_it_goes() -> None:
     order = ordered_nodes(graph)
     attention = next(n for n in order if "scaled_dot_product" in n)
     schedule = Schedule(regions=(tuple(order[: order.index(attention) + 1]),))
-    module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
+    module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
     torch.manual_seed(1)
     assert simulate(graph, Schedule()).peak_bytes == measure_step(model, args).peak_bytes
     torch.manual_seed(1)

@@ -42,7 +42,7 @@ from chkpt_opt.attachment.held_outputs import dropping_outputs, watch, watched_p
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.budget import Budget, format_bytes
-from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.errors import InfeasibleBudgetError, ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced
@@ -240,7 +240,7 @@ class Attachment:
             schedule, source = self._solved(traced), "solved"
         if source != "reused":
             made.append((elements, schedule))
-        module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
+        module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
         peak = static.step_peak_bytes(simulate(graph, schedule).peak_bytes)
         self._count(source, time.perf_counter() - start, peak)
         log.info(

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from chkpt_opt.codegen.rewrite import apply_schedule
+from chkpt_opt.codegen.rewrite import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.measurement.op_times import measure_forward_times
@@ -134,7 +134,7 @@ def measure_region_costs(device: torch.device | str = "cpu") -> RegionCosts:
         attrs["fwd_time_s"] = times.get(name, attrs["fwd_time_s"])
     schedules = _schedules(graph)
     modules = {
-        name: apply_schedule(traced.captured.fresh_module(), graph, schedule)
+        name: rewrite_module(traced.captured.fresh_module(), graph, schedule)
         for name, schedule in schedules.items()
     }
     samples: dict[str, list[float]] = {name: [] for name in modules}
