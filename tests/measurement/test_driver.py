@@ -74,6 +74,27 @@ def test_each_measurement_runs_once_per_graph(measured: dict[str, int]) -> None:
     _assert_measured(traced.graph)
 
 
+def test_a_cuda_graph_gets_its_kernel_workspace_measured_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CUDA the workspace is measured with or without profile_times, once per graph (a
+    CPU graph labelled CUDA, the allocator's measurement stood in for)."""
+    calls: list[str] = []
+
+    def add_unseen_workspaces(graph: CostGraph, captured: Any) -> None:
+        calls.append(graph.graph["name"])
+        graph.graph["workspace_model"] = "measured-cuda"
+
+    monkeypatch.setattr(driver, "add_unseen_workspaces", add_unseen_workspaces)
+    traced = trace_model(_model(), (torch.randn(8, 16),), name="labelled")
+    measure_traced(traced, profile_times=False)
+    assert calls == []  # a CPU graph: the probe's workspace is exact there
+    traced.graph.graph["device_type"] = "cuda"
+    measure_traced(traced, profile_times=False)
+    measure_traced(traced, profile_times=False)
+    assert calls == ["labelled"]
+
+
 def test_trace_plan_and_the_attachment_measure_through_the_driver(
     measured: dict[str, int],
 ) -> None:
