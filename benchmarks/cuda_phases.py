@@ -19,8 +19,8 @@ from cuda_times import half_activations
 from region_cost import phases_s
 
 import chkpt_opt
-from chkpt_opt.codegen.overhead import measure_region_costs
 from chkpt_opt.codegen.runtime import CheckpointRegion
+from chkpt_opt.measurement.region_costs import measure_region_costs
 
 ROUNDS = 15
 WARMUP_ROUNDS = 3

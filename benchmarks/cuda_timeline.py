@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.measure import run_step
+from chkpt_opt.measurement.step import run_step
 
 
 class AllocatorTimeline(TorchDispatchMode):

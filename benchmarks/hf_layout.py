@@ -41,7 +41,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import chkpt_opt
 from chkpt_opt.api import Plan
-from chkpt_opt.measure import run_step
+from chkpt_opt.measurement.step import run_step
 from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate

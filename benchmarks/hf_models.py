@@ -67,7 +67,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import Plan
-from chkpt_opt.measure import device_of, measure_step, measure_step_allocator, run_step
+from chkpt_opt.measurement.step import device_of, measure_step, measure_step_allocator, run_step
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult

@@ -9,7 +9,7 @@ skipped), 4 layers of width 256 by default, on a batch of 4 x 256 tokens fed as 
 inputs, in two forms: padded (``attention_mask`` 0 on the last 48 positions, ``labels``
 -100 there) and unpadded (no mask). The step is the one a training loop runs:
 ``outputs = model(**batch); outputs.loss.backward()``: the loss alone is differentiated, the
-logits are held by ``outputs`` until the backward returns (``chkpt_opt.measure``'s step).
+logits are held by ``outputs`` until the backward returns (``chkpt_opt.measurement.step``).
 The step with the outputs dropped at once (``model(**batch).loss.backward()``, Trainer) is
 measured beside it: it is lower by what the held outputs take.
 

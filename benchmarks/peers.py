@@ -47,7 +47,7 @@ from torch.utils.checkpoint import (
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.measure import measure_step_allocator, run_step
+from chkpt_opt.measurement.step import measure_step_allocator, run_step
 
 aten = torch.ops.aten
 SAVE_OPS = {

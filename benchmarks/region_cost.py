@@ -31,7 +31,7 @@ import torch
 from cuda_times import half_activations
 
 import chkpt_opt
-from chkpt_opt.codegen.rewrite import apply_schedule
+from chkpt_opt.codegen.rewrite import rewrite_module
 from chkpt_opt.graphs.costgraph import region_overhead_s
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule, cut_positions
@@ -93,7 +93,7 @@ def model_rows(name: str, device: str, rounds: int) -> list[dict[str, Any]]:
     schedules["plan"] = plan.schedule
     modules: dict[str, torch.nn.Module] = {"original": model}
     for label, schedule in schedules.items():
-        modules[label] = apply_schedule(plan.traced.captured.fresh_module(), graph, schedule)
+        modules[label] = rewrite_module(plan.traced.captured.fresh_module(), graph, schedule)
     samples: dict[str, list[tuple[float, float]]] = {label: [] for label in modules}
     for round_ in range(rounds + 2):
         for label, module in modules.items():

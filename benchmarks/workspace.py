@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from chkpt_opt import zoo
-from chkpt_opt.measure import measure_step, measure_step_allocator
+from chkpt_opt.measurement.step import measure_step, measure_step_allocator
 
 MODELS = {
     "ResNet of benchmarks/peers.py": zoo.resnet,

@@ -1,6 +1,11 @@
 """The public API: trace, solve, simulate, plan (the in-place ``optimize`` is in
 :mod:`chkpt_opt.attachment`).
 
+Words: to *trace* a model is to turn it and example inputs into a CostGraph (the tracer on
+fake tensors, then what :mod:`chkpt_opt.measurement` measures on the device); to *apply* a
+schedule to a model is to return a new module that runs the schedule and shares the model's
+Parameters and buffers (codegen's :func:`~chkpt_opt.codegen.rewrite_module`).
+
 Units: solvers and the simulator count activation bytes (what the forward and backward
 passes create); :func:`solve` and :func:`plan` take the budget of the whole training step
 and report both (see :mod:`chkpt_opt.whole_step`, where :func:`solve`,
@@ -28,12 +33,11 @@ from typing import Any
 import torch
 
 from chkpt_opt.budget import Budget, StaticMemory, format_bytes
-from chkpt_opt.codegen import apply_schedule
-from chkpt_opt.codegen.overhead import measure_region_costs
-from chkpt_opt.errors import InfeasibleBudgetError
+from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
-from chkpt_opt.measure import device_of
+from chkpt_opt.measurement import trace_and_measure
+from chkpt_opt.measurement.step import device_of
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.sharding import (
@@ -52,6 +56,7 @@ from chkpt_opt.whole_step import (
     simulate_step,
     solve,
     static_memory_for,
+    unmet_budget_error,
 )
 
 __all__ = [
@@ -110,7 +115,8 @@ class Plan:
         return self.static.step_peak_bytes(self.profile.peak_bytes)
 
     def apply(self, *, for_compile: bool = False) -> torch.nn.Module:
-        """Returns a new module that runs the schedule; it shares the model's parameters.
+        """Applies the plan's schedule to its model (see the module docstring): a new module
+        that runs it and shares the model's Parameters and buffers.
 
         With ``for_compile=True`` the module is meant for ``torch.compile``: its recompute
         regions become regions that the compiled backward recomputes, and their cached ops
@@ -119,7 +125,7 @@ class Plan:
         """
         plan = self.for_compile() if for_compile else self
         module = plan.traced.captured.fresh_module()
-        return apply_schedule(module, plan.graph, plan.schedule, for_compile=for_compile)
+        return rewrite_module(module, plan.graph, plan.schedule, for_compile=for_compile)
 
     def for_compile(self, *, time_limit_s: float | None = None) -> Plan:
         """The plan that the compiled step runs: this plan when its regions do not nest
@@ -147,17 +153,16 @@ class Plan:
                 self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s
             )
             if not result.feasible:
-                lowest = smallest_peak(self.graph, time_limit_s=time_limit_s, nesting=False)
-                minimum = self.static.step_peak_bytes(lowest.peak_bytes)
-                raise InfeasibleBudgetError(
-                    f"budget {self.budget.text!r} = {format_bytes(self.budget.total_bytes)} "
-                    "is met only by nesting recompute regions, which the torch.compile path "
-                    "cannot run (its partitioner does not nest recomputations); a compiled "
-                    f"plan needs at least {format_bytes(minimum)} ({minimum} bytes). Raise "
-                    "the budget for the compiled plan, or run plan.apply() eagerly.",
-                    budget_bytes=self.activation_budget_bytes,
-                    min_feasible_bytes=minimum,
-                    exact=bool(lowest.stats.get("min_feasible_proven")),
+                raise unmet_budget_error(
+                    self.graph,
+                    self.budget,
+                    self.static,
+                    self.activation_budget_bytes,
+                    time_limit_s=time_limit_s,
+                    nesting=False,
+                    scope="without nesting recompute regions, which the torch.compile path "
+                    "cannot run (its partitioner does not nest recomputations)",
+                    fix="Raise the budget for the compiled plan, or run plan.apply() eagerly.",
                 )
             self._compiled = dataclasses.replace(
                 self, result=result, profile=simulate(self.graph, result.schedule)
@@ -268,7 +273,8 @@ def plan(
         profile_times: time every op's forward on the model's device, so the solver weighs
             recomputation by measured rather than estimated times (runs the model a few
             times), and measure what one recompute region costs beyond its ops there
-            (:mod:`chkpt_opt.codegen.overhead`), which every region of a plan is charged.
+            (:mod:`chkpt_opt.measurement.region_costs`), which every region of a plan is
+            charged: what :func:`trace` measures with it.
             None (the default): on for a model on a CUDA device, off elsewhere. On a GPU
             the roofline estimate misjudges small, launch-bound kernels: the zoo GPT and
             ResNet planned at half their activations on an H200 ran at 2.86x and 3.21x the
@@ -291,7 +297,7 @@ def plan(
     model, sharding = traced_module_and_sharding(model, sharding)
     if profile_times is None:
         profile_times = device_of(model, (example_inputs,)).type == "cuda"
-    traced = trace_model(
+    traced = trace_and_measure(
         model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
     )
     left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
@@ -301,7 +307,6 @@ def plan(
         solver=solver,
         optimizer=optimizer,
         time_limit_s=left,
-        profile_times=profile_times,
         sharding=sharding,
     )
     log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
@@ -315,14 +320,13 @@ def plan_traced(
     solver: str = "auto",
     optimizer: OptimizerArg = "adamw",
     time_limit_s: float | None = None,
-    profile_times: bool = False,
     sharding: Sharding | None = None,
 ) -> Plan:
     """:func:`plan` for a model already traced: the budget split, the solve and the
-    simulation of its schedule. ``time_limit_s`` bounds this call (at least one second for
-    the solver, and again for the search for the smallest feasible budget when the budget
-    cannot be met); ``profile_times`` says whether the trace measured op times, in which
-    case what regions cost beyond their ops is measured here too; ``sharding`` as in
+    simulation of its schedule, on ``traced.graph`` as it is (measure it first through
+    :func:`chkpt_opt.measurement.measure_traced`, as :func:`plan` does). ``time_limit_s``
+    bounds this call (at least one second for the solver, and again for the search for the
+    smallest feasible budget when the budget cannot be met); ``sharding`` as in
     :func:`plan`.
 
     Raises:
@@ -336,26 +340,11 @@ def plan_traced(
         return max(1.0, time_limit_s - (time.perf_counter() - start))
 
     graph = traced.graph
-    if profile_times and "region_overhead_s" not in graph.graph:
-        _measure_region_costs(traced)
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer, sharding=sharding)
     graph = per_rank_graph(graph, sharding)
     result = get_solver(solver)(graph, act, time_limit_s=left_s())
     if not result.feasible:
-        lowest = smallest_peak(graph, time_limit_s=left_s())
-        minimum = static.step_peak_bytes(lowest.peak_bytes)
-        how = _smallest_budget_phrase(lowest)
-        raise InfeasibleBudgetError(
-            f"budget {parsed.text!r} = {format_bytes(parsed.total_bytes)} is below {how} "
-            "for this model and inputs: "
-            f"{format_bytes(minimum)} ({minimum} bytes; "
-            f"resident {format_bytes(static.resident_bytes)}"
-            f" + forward/backward {format_bytes(lowest.peak_bytes)}). Raise the budget to at least "
-            "that, or reduce the batch size.",
-            budget_bytes=act,
-            min_feasible_bytes=minimum,
-            exact=bool(lowest.stats.get("min_feasible_proven")),
-        )
+        raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s())
     return Plan(
         graph=graph,
         result=result,
@@ -368,19 +357,6 @@ def plan_traced(
     )
 
 
-def _smallest_budget_phrase(lowest: SolveResult) -> str:
-    """What the lowest peak found is proven the smallest of: every schedule's where the
-    recompute bound's floor (which holds over every schedule) meets it, keep-set
-    schedules' where only a keep-set search proved it."""
-    if not lowest.stats.get("min_feasible_proven"):
-        return "the smallest budget the available solvers can meet"
-    cover = lowest.stats.get("recompute_bound")
-    floor_bytes = cover.get("floor_bytes", 0) if isinstance(cover, dict) else 0
-    if floor_bytes >= lowest.peak_bytes:
-        return "the smallest budget any schedule can meet"
-    return "the smallest budget any keep-set schedule can meet"
-
-
 def apply(
     model: torch.nn.Module,
     path: str | Path,
@@ -390,7 +366,8 @@ def apply(
     tracer: str = "auto",
     for_compile: bool = False,
 ) -> torch.nn.Module:
-    """Rebuilds the optimized module from a schedule file, without solving.
+    """Applies the schedule saved in a file to ``model`` (see the module docstring), without
+    solving: the module :meth:`Plan.apply` returns for the plan that saved it.
 
     The model is traced (on fake tensors) to rebuild its graph; the file is refused if it
     was made for another model or other input shapes. ``for_compile`` as in
@@ -402,7 +379,7 @@ def apply(
     loaded = load_schedule(path)
     traced = trace_model(model, example_inputs, example_kwargs, method=tracer)
     loaded.check_against(traced.graph)
-    return apply_schedule(
+    return rewrite_module(
         traced.captured.fresh_module(), traced.graph, loaded.schedule, for_compile=for_compile
     )
 
@@ -422,20 +399,11 @@ def trace(
     tracer: str = "auto",
     profile_times: bool = False,
 ) -> CostGraph:
-    """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`).
-    ``profile_times`` measures on the model's device what :func:`plan` measures there with
-    it: every op's time, and what regions cost beyond their ops, so that ``trace`` then
-    ``solve`` sees the graph ``plan`` solves."""
-    traced = trace_model(
+    """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`),
+    with what is measured on its device written in (:mod:`chkpt_opt.measurement`): on CUDA
+    the kernel workspace, and with ``profile_times`` every op's time and what regions cost
+    beyond their ops. :func:`plan` traces the same way, so ``trace`` then ``solve`` sees
+    the graph ``plan`` solves."""
+    return trace_and_measure(
         model, example_inputs, example_kwargs, name=name, method=tracer, profile_times=profile_times
-    )
-    if profile_times:
-        _measure_region_costs(traced)
-    return traced.graph
-
-
-def _measure_region_costs(traced: Traced) -> None:
-    """Writes what regions cost beyond their ops on the traced model's device into its
-    graph (:mod:`chkpt_opt.codegen.overhead`)."""
-    device = device_of(traced.captured.module, traced.args)
-    measure_region_costs(device).store(traced.graph)
+    ).graph

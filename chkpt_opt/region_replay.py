@@ -12,7 +12,7 @@ A region also costs time its ops do not hold (the one place this is counted):
   policy, a Python dispatch mode that sees every op: the graph's
   ``cached_region_overhead_s`` once, and ``cached_op_overhead_s`` for every op dispatched
   through it (:func:`policy_dispatches`). Both are measured by
-  :mod:`chkpt_opt.codegen.overhead` (``plan(..., profile_times=True)``).
+  :mod:`chkpt_opt.measurement.region_costs` (``trace(..., profile_times=True)``).
 """
 
 from __future__ import annotations

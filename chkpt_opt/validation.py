@@ -19,7 +19,8 @@ from torch.utils._pytree import tree_flatten
 
 from chkpt_opt.budget import format_bytes
 from chkpt_opt.graphs.tracer.capture import normalize_inputs
-from chkpt_opt.measure import device_of, measure_step, preserved_state, time_step
+from chkpt_opt.measurement.module_state import preserved_state
+from chkpt_opt.measurement.step import device_of, measure_step, time_step
 
 
 @dataclass(frozen=True)

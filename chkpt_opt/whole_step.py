@@ -1,7 +1,9 @@
 """The whole training step around the solvers, for researchers working on cost graphs: the
 resident memory of a step for an optimizer (a name or a torch.optim instance), the one split
-of a step budget, and results that carry the whole step's figures beside the activation
-bytes that solvers and the simulator count (:func:`solve`, :func:`simulate_step`).
+of a step budget, results that carry the whole step's figures beside the activation bytes
+that solvers and the simulator count (:func:`solve`, :func:`simulate_step`), and the error
+that names the smallest step budget where a budget cannot be met
+(:func:`unmet_budget_error`, raised by ``plan`` and ``Plan.for_compile``).
 
 Units: a solver (``get_solver(name)(graph, bytes)``) takes and reports activation bytes, the
 bytes created during the forward and backward passes, which is what
@@ -24,18 +26,19 @@ from chkpt_opt.budget import (
     Budget,
     OptimizerSpec,
     StaticMemory,
+    format_bytes,
     graph_static_memory,
     optimizer_spec,
     parse_budget,
     split_budget,
     static_memory,
 )
-from chkpt_opt.errors import BudgetError
+from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.sharding import Sharding, per_rank_graph, rank_static_memory
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers import SolveResult, get_solver
+from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
 
 OptimizerArg = str | torch.optim.Optimizer | None
 
@@ -229,3 +232,47 @@ def solve(
         step_peak_bytes=static.step_peak_bytes(result.peak_bytes),
         static=static,
     )
+
+
+def unmet_budget_error(
+    graph: CostGraph,
+    budget: Budget,
+    static: StaticMemory,
+    activation_budget_bytes: int,
+    *,
+    time_limit_s: float | None = None,
+    nesting: bool = True,
+    scope: str = "for this model and inputs",
+    fix: str = "Raise the budget to at least that, or reduce the batch size.",
+) -> InfeasibleBudgetError:
+    """The error for a whole-step ``budget`` (split into ``static`` and
+    ``activation_budget_bytes``) that no schedule of ``graph`` the solvers find meets: it
+    names the smallest step budget they meet (:func:`~chkpt_opt.solvers.smallest_peak`,
+    searched within ``time_limit_s``, with nested regions unless ``nesting`` is False), in
+    parts, what that budget is proven the smallest of, ``scope`` (the schedules it holds
+    for) and ``fix``."""
+    lowest = smallest_peak(graph, time_limit_s=time_limit_s, nesting=nesting)
+    minimum = static.step_peak_bytes(lowest.peak_bytes)
+    return InfeasibleBudgetError(
+        f"budget {budget.text!r} = {format_bytes(budget.total_bytes)} is below "
+        f"{smallest_budget_phrase(lowest)} {scope}: {format_bytes(minimum)} ({minimum} bytes; "
+        f"resident {format_bytes(static.resident_bytes)} + forward/backward "
+        f"{format_bytes(lowest.peak_bytes)}). {fix}",
+        budget_bytes=activation_budget_bytes,
+        min_feasible_bytes=minimum,
+        exact=bool(lowest.stats.get("min_feasible_proven")),
+    )
+
+
+def smallest_budget_phrase(lowest: SolveResult) -> str:
+    """What the lowest peak found (``lowest``, from
+    :func:`~chkpt_opt.solvers.smallest_peak`) is proven the smallest of: every schedule's
+    where the recompute bound's floor (which holds over every schedule) meets it, keep-set
+    schedules' where only a keep-set search proved it."""
+    if not lowest.stats.get("min_feasible_proven"):
+        return "the smallest budget the available solvers can meet"
+    cover = lowest.stats.get("recompute_bound")
+    floor_bytes = cover.get("floor_bytes", 0) if isinstance(cover, dict) else 0
+    if floor_bytes >= lowest.peak_bytes:
+        return "the smallest budget any schedule can meet"
+    return "the smallest budget any keep-set schedule can meet"

@@ -7,6 +7,7 @@ import ast
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,23 @@ SOLVER_LAYERS: tuple[frozenset[str], ...] = (
 """The families of chkpt_opt.solvers, lowest first: a module imports from its own family or
 from a family of a lower layer, never from the same layer's other families or above.
 A family is a subpackage of solvers/; its top-level modules are ``common`` (``auto`` aside)."""
+
+PACKAGE_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"fx_attrs"}),  # fetch_attr: the one fx helper the tracer and codegen share
+    frozenset({"graphs"}),  # the CostGraph, its files; the tracer (fake tensors only)
+    frozenset({"codegen"}),  # the rewritten fx module that runs a schedule
+    frozenset({"measurement"}),  # op times, kernel workspace, region costs; a real step
+    frozenset({"api", "attachment", "validation", "export", "bench", "cli"}),  # the drivers
+)
+"""The torch-facing parts of chkpt_opt, lowest first: a part (a top-level module or
+subpackage) imports from its own layer or a lower one, never from a higher one. Parts not
+named here (budget, schedule, simulate, solvers, ...) are pure Python and below them all."""
+
+MEASURING_MODULES = frozenset(
+    f"chkpt_opt.measurement.{name}" for name in ("op_times", "workspace", "region_costs")
+)
+"""The modules that measure into a cost graph: reached from outside the package only
+through its driver (``chkpt_opt.measurement.measure_traced``, ``trace_and_measure``)."""
 
 OVER_MAX_LINES: dict[str, int] = {
     # Modules still over MAX_LINES while they are being split; remove a line once its
@@ -152,20 +170,36 @@ def _solver_family(name: str) -> str | None:
     return "auto" if parts[0] == "auto" else "common"
 
 
-def _layer_violations(graph: dict[str, set[str]], layers: tuple[frozenset[str], ...]) -> list[str]:
-    """Imports of ``graph`` (module -> imported modules) that go to another family of the
-    same layer or to a higher one."""
+def _package_part(name: str) -> str | None:
+    """The part of chkpt_opt (see PACKAGE_LAYERS) a module belongs to, None outside them."""
+    parts = name.split(".")
+    named = set().union(*PACKAGE_LAYERS)
+    return parts[1] if len(parts) > 1 and parts[1] in named else None
+
+
+def _layer_violations(
+    graph: dict[str, set[str]],
+    layers: tuple[frozenset[str], ...],
+    family_of: Callable[[str], str | None] = _solver_family,
+    *,
+    same_layer: bool = False,
+) -> list[str]:
+    """Imports of ``graph`` (module -> imported modules) that go to a higher layer, or to
+    another family of the same layer unless ``same_layer`` allows it; ``family_of`` names
+    a module's family (None: outside the layers)."""
     layer_of = {family: i for i, families in enumerate(layers) for family in families}
     bad = []
     for name, imported in sorted(graph.items()):
-        family = _solver_family(name)
+        family = family_of(name)
         if family is None:
             continue
         for target in sorted(imported):
-            other = _solver_family(target)
+            other = family_of(target)
             if other is None or other == family:
                 continue
-            if layer_of[other] >= layer_of[family]:
+            if layer_of[other] > layer_of[family] or (
+                layer_of[other] == layer_of[family] and not same_layer
+            ):
                 bad.append(f"{name} ({family}) imports {target} ({other})")
     return bad
 
@@ -193,6 +227,39 @@ def test_layer_check_sees_an_import_from_above() -> None:
         "chkpt_opt.solvers.interval.model (interval) imports chkpt_opt.solvers.keepset.flat "
         "(keepset)",
     ]
+
+
+def test_torch_facing_parts_are_layered() -> None:
+    """graphs/ never imports codegen, codegen never measures, measurement drives no api."""
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    bad = _layer_violations(graph, PACKAGE_LAYERS, _package_part, same_layer=True)
+    assert not bad, "imports against the order of PACKAGE_LAYERS:\n" + "\n".join(bad)
+
+
+def test_package_layer_check_sees_the_tracer_importing_codegen() -> None:
+    graph = {
+        "chkpt_opt.graphs.tracer.build": {"chkpt_opt.codegen.rewrite", "chkpt_opt.fx_attrs"},
+        "chkpt_opt.api": {"chkpt_opt.attachment", "chkpt_opt.measurement"},
+    }
+    assert _layer_violations(graph, PACKAGE_LAYERS, _package_part, same_layer=True) == [
+        "chkpt_opt.graphs.tracer.build (graphs) imports chkpt_opt.codegen.rewrite (codegen)"
+    ]
+
+
+def test_measurements_are_written_only_through_the_driver() -> None:
+    """Outside chkpt_opt.measurement no module imports a measuring module: trace, plan and
+    the attachment reach op times, kernel workspace and region costs through one path."""
+    modules = _modules()
+    assert set(modules) >= MEASURING_MODULES
+    for name, path in modules.items():
+        if name.startswith("chkpt_opt.measurement"):
+            continue
+        reached = _imports(name, path, modules) & MEASURING_MODULES
+        assert not reached, (
+            f"{name} imports {sorted(reached)}; call chkpt_opt.measurement.measure_traced "
+            "(or trace_and_measure) instead"
+        )
 
 
 def test_folders_are_small() -> None:

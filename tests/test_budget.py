@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from chkpt_opt.api import activation_budget, static_memory_for
+from chkpt_opt.api import activation_budget, static_memory_for, trace
 from chkpt_opt.budget import (
     OPTIMIZERS,
     Budget,
@@ -22,7 +22,6 @@ from chkpt_opt.budget import (
 )
 from chkpt_opt.errors import BudgetError, ChkptOptError
 from chkpt_opt.graphs.costgraph import new_graph
-from chkpt_opt.graphs.tracer import trace
 
 # Fragments every "accepted forms" message must show.
 ACCEPTED_FRAGMENTS = ('"20GB"', '"20GiB"', "KiB", "MiB", "TiB", "int of bytes")

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import chkpt_opt
-from chkpt_opt.codegen import CheckpointRegion, apply_schedule
+from chkpt_opt.codegen import CheckpointRegion, rewrite_module
 from chkpt_opt.graphs.costgraph import ordered_nodes
-from chkpt_opt.measure import measure_step, measure_step_allocator
+from chkpt_opt.measurement.step import measure_step, measure_step_allocator
 from chkpt_opt.schedule import Schedule
 
 
@@ -57,7 +57,7 @@ def test_a_region_replays_the_generators_only_if_an_op_may_draw(
     made = _planned(model, args)
     order = ordered_nodes(made.graph)
     schedule = Schedule(regions=_spans(order, [(0, len(order) - 2)]))
-    optimized = apply_schedule(made.traced.captured.fresh_module(), made.graph, schedule)
+    optimized = rewrite_module(made.traced.captured.fresh_module(), made.graph, schedule)
     assert [r.replays_rng for r in _regions(optimized).values()] == [replays]
 
 
@@ -76,7 +76,7 @@ def test_an_outer_region_replays_the_generators_its_inner_region_draws_from() ->
         regions=_spans(order, [(0, first + 2), (first + 2, drops[1])]),
         nested=_spans(order, [(first, first + 1)]),
     )
-    optimized = apply_schedule(made.traced.captured.fresh_module(), made.graph, schedule)
+    optimized = rewrite_module(made.traced.captured.fresh_module(), made.graph, schedule)
     replays = sorted(r.replays_rng for r in _regions(optimized).values())
     assert replays == [False, True, True]  # the second outer region holds no dropout
 
@@ -97,7 +97,7 @@ def test_a_region_that_draws_nothing_holds_no_copy_of_the_generator_state() -> N
     schedule = Schedule(
         regions=_spans(order, [(0, len(order) // 2), (len(order) // 2, len(order) - 2)])
     )
-    optimized = apply_schedule(made.traced.captured.fresh_module(), made.graph, schedule)
+    optimized = rewrite_module(made.traced.captured.fresh_module(), made.graph, schedule)
     allocated = measure_step_allocator(optimized, args)
     for p in model.parameters():
         p.grad = None

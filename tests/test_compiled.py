@@ -18,7 +18,8 @@ from chkpt_opt import zoo
 from chkpt_opt.errors import ChkptOptError, InfeasibleBudgetError, ScheduleError
 from chkpt_opt.export.compiled import EQUAL_WITHIN, measure_compiled
 from chkpt_opt.export.partitioner import PlanPartitioner, compile_module
-from chkpt_opt.measure import measure_step_allocator, preserved_state, run_step
+from chkpt_opt.measurement.module_state import preserved_state
+from chkpt_opt.measurement.step import measure_step_allocator, run_step
 from chkpt_opt.solvers import get_solver
 from tests.conftest import budget_at
 
@@ -201,7 +202,7 @@ def test_cached_ops_are_part_of_the_compile_cache_key() -> None:
     same graph (the annotations live in the nodes' meta), and PyTorch's compile caches
     handed the first one's partition to the second: the partitioner's cache key now holds
     the cached ops, which compile_module reads off the module."""
-    from chkpt_opt.codegen import apply_schedule
+    from chkpt_opt.codegen import rewrite_module
     from chkpt_opt.export.partitioner import cached_op_names
     from chkpt_opt.schedule import Schedule, cache_candidates
 
@@ -209,7 +210,7 @@ def test_cached_ops_are_part_of_the_compile_cache_key() -> None:
     op = sorted(cache_candidates(plan.graph, plan.schedule))[0]
     caching = Schedule(plan.schedule.regions, (), frozenset({op}))
     modules = [
-        apply_schedule(plan.traced.captured.fresh_module(), plan.graph, s, for_compile=True)
+        rewrite_module(plan.traced.captured.fresh_module(), plan.graph, s, for_compile=True)
         for s in (caching, plan.schedule)
     ]
     names = [cached_op_names(m) for m in modules]
@@ -239,7 +240,7 @@ def test_a_nested_plan_compiles_its_plan_without_nesting() -> None:
     recomputations): a plan with nested regions compiles the plan without nesting at the
     same budget, and measure_compiled holds the compiled step to that plan's prediction;
     the nested schedule itself is refused for compile."""
-    from chkpt_opt.codegen import apply_schedule
+    from chkpt_opt.codegen import rewrite_module
 
     model, args, _ = _chain()
     plan = chkpt_opt.plan(
@@ -248,7 +249,7 @@ def test_a_nested_plan_compiles_its_plan_without_nesting() -> None:
     assert plan.schedule.nested
     fresh = plan.traced.captured.fresh_module()
     with pytest.raises(ScheduleError, match="nests regions"):
-        apply_schedule(fresh, plan.graph, plan.schedule, for_compile=True)
+        rewrite_module(fresh, plan.graph, plan.schedule, for_compile=True)
     flat = plan.for_compile()
     assert not flat.schedule.nested and flat.result.feasible
     assert flat.profile.peak_bytes <= plan.activation_budget_bytes
@@ -301,7 +302,7 @@ def test_a_kept_tuple_output_op_in_a_region_compiles() -> None:
     returns a tuple under AOTAutograd, which min-cut cannot save, so its getitems must be
     kept too. Before the fix min-cut failed ("one of the above constraints is wrong";
     found by benchmarks/hf_models.py on Llama)."""
-    from chkpt_opt.codegen import apply_schedule
+    from chkpt_opt.codegen import rewrite_module
     from chkpt_opt.graphs.costgraph import ordered_nodes
     from chkpt_opt.schedule import Schedule
 
@@ -311,7 +312,7 @@ def test_a_kept_tuple_output_op_in_a_region_compiles() -> None:
     order = ordered_nodes(plan.graph)
     at = next(i for i, v in enumerate(order) if "scaled_dot_product" in plan.graph.nodes[v]["op"])
     schedule = Schedule(regions=((order[at],),))  # SDPA alone; the gate outside saves its output
-    module = apply_schedule(
+    module = rewrite_module(
         plan.traced.captured.fresh_module(), plan.graph, schedule, for_compile=True
     )
     compiled = compile_module(module)

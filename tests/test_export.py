@@ -15,7 +15,7 @@ import torch
 import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import smallest_peak
-from chkpt_opt.measure import measure_step
+from chkpt_opt.measurement.step import measure_step
 from tests.conftest import budget_at
 
 GPT = {"n_layer": 2, "d_model": 64, "n_head": 4, "seq_len": 32, "batch": 4, "vocab": 128}
@@ -38,7 +38,7 @@ FRESH_PROCESS = """
 import hashlib, json, sys, torch
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.measure import measure_step
+from chkpt_opt.measurement.step import measure_step
 torch.set_num_threads(int(sys.argv[3]))  # the parent's: the same sums in the same order
 model, args, kwargs = zoo.gpt(**json.loads(sys.argv[2]))
 optimized = chkpt_opt.apply(model, sys.argv[1], args)
@@ -148,7 +148,7 @@ def test_exported_plan_meets_the_eager_budget_under_torch_compile(
     measured on the same ruler (the allocator's events) for both."""
     import torch._dynamo
 
-    from chkpt_opt.measure import measure_step_allocator, run_step
+    from chkpt_opt.measurement.step import measure_step_allocator, run_step
 
     model, args, _ = zoo.gpt(**settings)
     budget = budget_at(model, args, 0.5)

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from chkpt_opt.api import plan
 from chkpt_opt.graphs.tracer.capture import capture
-from chkpt_opt.measure import measure_step
+from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.zoo import huggingface as hf_zoo
 
 SMALL = {"layers": 2, "width": 64, "batch": 2, "seq": 64}

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import chkpt_opt
-from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, nesting_allowed
 from chkpt_opt.solvers import get_solver
@@ -56,7 +56,7 @@ def _train_beside_reference(
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
     plan = chkpt_opt.plan(model, fresh(args), budget=10**15, optimizer=None, solver="keep_all")
     schedule = schedule_of(plan.graph)
-    optimized = apply_schedule(plan.traced.captured.fresh_module(), plan.graph, schedule)
+    optimized = rewrite_module(plan.traced.captured.fresh_module(), plan.graph, schedule)
     train(reference, reference, args, {}, context=contextlib.nullcontext, reseed=reseed)
     train(optimized, model, args, {}, context=contextlib.nullcontext, reseed=reseed)
     assert_same_state(reference, model)
@@ -188,7 +188,7 @@ def _compiled_beside_reference(make: Callable[[], nn.Module], args: tuple, sched
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
     plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
     schedule = schedule_of(plan.graph)
-    optimized = apply_schedule(plan.traced.captured.fresh_module(), plan.graph, schedule)
+    optimized = rewrite_module(plan.traced.captured.fresh_module(), plan.graph, schedule)
     compiled = torch.compile(optimized, backend="aot_eager")
     train(reference, reference, args, {}, context=contextlib.nullcontext, reseed=None)
     train(compiled, model, args, {}, context=contextlib.nullcontext, reseed=None)

@@ -9,7 +9,7 @@ import torch
 import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.measure import measure_step
+from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule, cacheable_ops
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver

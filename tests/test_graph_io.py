@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chkpt_opt import zoo
+from chkpt_opt.api import trace
 from chkpt_opt.errors import ChkptOptError, GraphFormatError
 from chkpt_opt.graphs import io as graph_io
 from chkpt_opt.graphs.costgraph import (
@@ -28,7 +29,6 @@ from chkpt_opt.graphs.costgraph import (
 )
 from chkpt_opt.graphs.io import graph_to_dict, load_graph, save_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.graphs.tracer import trace
 
 # ---- helpers --------------------------------------------------------------------------
 

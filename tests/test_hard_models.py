@@ -23,10 +23,11 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 import chkpt_opt
 from chkpt_opt.api import Plan, smallest_peak
-from chkpt_opt.codegen import CheckpointRegion, apply_schedule, is_recomputing
+from chkpt_opt.codegen import CheckpointRegion, is_recomputing, rewrite_module
 from chkpt_opt.errors import ChkptOptError, ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import ordered_nodes
-from chkpt_opt.measure import measure_step, preserved_state
+from chkpt_opt.measurement.module_state import preserved_state
+from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule
 from tests.conftest import smallest_plan
 
@@ -159,7 +160,7 @@ def check_hard_model(
         graph_plan = chkpt_opt.plan(
             forced_model, fresh(args), example_kwargs=kwargs, budget=10**15, optimizer=None
         )
-    forced = apply_schedule(
+    forced = rewrite_module(
         graph_plan.traced.captured.fresh_module(), graph_plan.graph, whole_forward(graph_plan.graph)
     )
     train(reference, reference, args, kwargs, context=context, reseed=reseed)
@@ -307,7 +308,7 @@ def test_every_region_boundary_the_graph_allows_keeps_the_gradients() -> None:
     spans = list(zip([0, *cuts[:-1]], cuts))
     schedule = Schedule.from_spans(graph, spans)
     assert any(graph.nodes[r[-1]]["is_inplace"] for r in schedule.regions)
-    optimized = apply_schedule(plan.traced.captured.fresh_module(), graph, schedule)
+    optimized = rewrite_module(plan.traced.captured.fresh_module(), graph, schedule)
     train(reference, reference, args, {}, context=contextlib.nullcontext, reseed=None)
     train(optimized, model, args, {}, context=contextlib.nullcontext, reseed=None)
     assert_same_state(reference, model)
@@ -394,7 +395,7 @@ def test_state_snapshots_are_not_in_the_plan() -> None:
     args = (torch.randn(512, 64),)
     plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
     schedule = whole_forward(plan.graph)
-    optimized = apply_schedule(plan.traced.captured.fresh_module(), plan.graph, schedule)
+    optimized = rewrite_module(plan.traced.captured.fresh_module(), plan.graph, schedule)
     predicted = chkpt_opt.simulate(plan.graph, schedule).peak_bytes
     with preserved_state(model):
         measured = measure_step(optimized, args, {}).peak_bytes
@@ -777,7 +778,7 @@ def test_mixture_of_experts_routing_does_not_change_on_recompute() -> None:
     plan, optimized, model = check_hard_model(
         MoeNet, args, covers=op_is("aten.topk", "aten.argmax")
     )
-    forced = apply_schedule(
+    forced = rewrite_module(
         plan.traced.captured.fresh_module(), plan.graph, whole_forward(plan.graph)
     )
     for module, must_recompute in ((optimized, False), (forced, True)):
@@ -923,12 +924,12 @@ def test_region_boundary_inside_a_no_grad_span_is_refused() -> None:
     assert not graph.nodes[span]["cut_after_ok"]
     i = graph.nodes[span]["index"]
     with pytest.raises(ScheduleError, match="cannot be split"):
-        apply_schedule(
+        rewrite_module(
             plan.traced.captured.fresh_module(), graph, Schedule(regions=(tuple(order[: i + 1]),))
         )
     # The whole span inside a region is fine, and trains like the model.
     torch.manual_seed(0)
-    whole = apply_schedule(plan.traced.captured.fresh_module(), graph, whole_forward(graph))
+    whole = rewrite_module(plan.traced.captured.fresh_module(), graph, whole_forward(graph))
     x = torch.randn(64, 32)
     loss_of(whole(x)).backward()
     got = [p.grad.clone() for p in model.parameters()]
@@ -940,6 +941,6 @@ def test_region_boundary_inside_a_no_grad_span_is_refused() -> None:
 def test_schedule_for_another_model_is_refused() -> None:
     plan = chkpt_opt.plan(NoGradInside(), (torch.randn(8, 32),), budget=10**15, optimizer=None)
     with pytest.raises(ChkptOptError, match="not in graph"):
-        apply_schedule(
+        rewrite_module(
             plan.traced.captured.fresh_module(), plan.graph, Schedule(regions=(("no_such_op",),))
         )

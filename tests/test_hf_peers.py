@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from chkpt_opt.api import plan
 from chkpt_opt.graphs.costgraph import ordered_nodes
-from chkpt_opt.measure import measure_step_allocator
+from chkpt_opt.measurement.step import measure_step_allocator
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.zoo import huggingface

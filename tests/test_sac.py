@@ -17,7 +17,7 @@ from chkpt_opt.export.sac import (
     wrap_modules_in_place,
 )
 from chkpt_opt.graphs.costgraph import ordered_nodes
-from chkpt_opt.measure import measure_step
+from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 

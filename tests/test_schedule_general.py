@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from chkpt_opt import zoo
-from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.graphs.tracer import trace_model
-from chkpt_opt.measure import measure_step
+from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule, check_schedule, region_tree
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import simulate
@@ -158,7 +158,7 @@ def test_random_general_schedules_run_as_predicted_with_the_same_gradients(name:
         if schedule.is_keep_set():
             continue
         predicted = simulate(graph, schedule).peak_bytes
-        module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
+        module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
         for p in model.parameters():
             p.grad = None
         torch.manual_seed(1)
@@ -188,5 +188,5 @@ def test_a_nested_regions_inputs_are_held_while_it_runs_as_measured() -> None:
         ),
     )
     check_schedule(graph, schedule)
-    module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
+    module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
     assert measure_step(module, args, kwargs).peak_bytes == simulate(graph, schedule).peak_bytes

@@ -14,12 +14,12 @@ from torch import nn
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph, ordered_nodes
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.graphs.tracer.ops import may_draw_random
-from chkpt_opt.measure import measure_step
+from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule, cacheable_ops
 from chkpt_opt.simulate import simulate
 
@@ -734,23 +734,6 @@ def test_meta_model_parameters_allocate_no_real_memory() -> None:
     assert g.nodes[fc1]["fwd_flops"] == 2 * 8 * width * width
 
 
-def test_measured_times_take_off_the_interpreters_per_node_overhead(monkeypatch) -> None:
-    """Each op's measured time loses the interpreter's overhead and gains the eager call's
-    (both measured on a node that does no work), never going below the eager call's."""
-    from chkpt_opt.graphs.tracer import timing
-
-    module = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
-    inputs = [torch.randn(4, 8)]
-    interpreted, eager = timing.node_overhead_s(torch.device("cpu"))
-    assert interpreted > eager > 0.0
-    monkeypatch.setattr(timing, "node_overhead_s", lambda device, sync=None: (0.0, 0.0))
-    raw = timing.measure_forward_times(module, inputs)
-    assert raw and all(t > 0.0 for t in raw.values())
-    monkeypatch.setattr(timing, "node_overhead_s", lambda device, sync=None: (10.0, 1e-6))
-    corrected = timing.measure_forward_times(module, inputs)
-    assert set(corrected) == set(raw) and all(t == 1e-6 for t in corrected.values())
-
-
 @pytest.mark.parametrize(("dropout_p", "draws"), [(0.0, False), (0.1, True)])
 def test_attention_draws_only_with_a_dropout_probability(dropout_p: float, draws: bool) -> None:
     """Attention's ATen ops carry the nondeterministic_seeded tag whatever their dropout
@@ -801,7 +784,7 @@ def test_a_composite_ops_backward_frees_its_saved_buffers_as_it_goes() -> None:
     order = ordered_nodes(graph)
     attention = next(n for n in order if "scaled_dot_product" in n)
     schedule = Schedule(regions=(tuple(order[: order.index(attention) + 1]),))
-    module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
+    module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
     torch.manual_seed(1)
     assert simulate(graph, Schedule()).peak_bytes == measure_step(model, args).peak_bytes
     torch.manual_seed(1)

@@ -42,11 +42,12 @@ from chkpt_opt.attachment.held_outputs import dropping_outputs, watch, watched_p
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.budget import Budget, format_bytes
-from chkpt_opt.codegen import apply_schedule
+from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.errors import InfeasibleBudgetError, ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.graphs.tracer import Traced, apply_measured_times, trace_model
+from chkpt_opt.graphs.tracer import Traced
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
+from chkpt_opt.measurement import measure_traced, trace_and_measure
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.sharding import Sharding, per_rank_graph
 from chkpt_opt.simulate import simulate
@@ -202,7 +203,7 @@ class Attachment:
             return None
         with self._own_forward_while_capturing():
             try:
-                bigger = trace_model(self.model, *grown, method="export", dynamic=True)
+                bigger = trace_and_measure(self.model, *grown, method="export", dynamic=True)
             except TraceError as err:
                 log.info("chkpt_opt: no capture at rounded-up sizes (%s)", err)
                 return None
@@ -239,7 +240,7 @@ class Attachment:
             schedule, source = self._solved(traced), "solved"
         if source != "reused":
             made.append((elements, schedule))
-        module = apply_schedule(traced.captured.fresh_module(), graph, schedule)
+        module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
         peak = static.step_peak_bytes(simulate(graph, schedule).peak_bytes)
         self._count(source, time.perf_counter() - start, peak)
         log.info(
@@ -271,12 +272,14 @@ class Attachment:
         at this call's own shapes computes (the model's eager program); else at its own
         shapes."""
         with self._own_forward_while_capturing():
-            fixed = trace_model(self.model, args, kwargs, method=self.tracer)
+            fixed = trace_and_measure(self.model, args, kwargs, method=self.tracer)
             if fixed.captured.method != "export" or key.family in self._fixed_only:
                 return fixed
             self._fixed_only.add(key.family)  # until a symbolic capture is kept below
             try:
-                symbolic = trace_model(self.model, args, kwargs, method="export", dynamic=True)
+                symbolic = trace_and_measure(
+                    self.model, args, kwargs, method="export", dynamic=True
+                )
             except TraceError as err:
                 log.info("chkpt_opt: no capture with symbolic sizes (%s)", err)
                 return fixed
@@ -341,9 +344,7 @@ class Attachment:
         from chkpt_opt.api import plan_traced
 
         start = time.perf_counter()
-        profile = self._profiles_times(traced.graph)
-        if profile:
-            apply_measured_times(traced.graph, traced.captured)
+        measure_traced(traced, profile_times=self._profiles_times(traced.graph))
         log.info(
             "chkpt_opt: solving for %s (%d ops) under %s, solver %s",
             type(self.model).__name__,
@@ -357,7 +358,6 @@ class Attachment:
             solver=self.solver,
             optimizer=self.optimizer,
             time_limit_s=self.time_limit_s,
-            profile_times=profile,
             sharding=self.sharding,
         )
         self.stats.solve_s += time.perf_counter() - start

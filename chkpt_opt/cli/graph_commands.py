@@ -25,12 +25,12 @@ from chkpt_opt.errors import GraphFormatError
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from chkpt_opt.graphs.io import graph_fingerprint, save_graph
-    from chkpt_opt.graphs.tracer import trace_model
+    from chkpt_opt.measurement import trace_and_measure
     from chkpt_opt.schedule import Schedule
     from chkpt_opt.simulate import simulate
 
     model, ex_args, ex_kwargs = load_model_spec(args.model)
-    traced = trace_model(
+    traced = trace_and_measure(
         model,
         ex_args,
         ex_kwargs,

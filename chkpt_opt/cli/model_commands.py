@@ -98,7 +98,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         ]
     if args.plot_timeline:
         from chkpt_opt.bench.report import plot_timeline
-        from chkpt_opt.measure import measure_timeline, preserved_state
+        from chkpt_opt.measurement.module_state import preserved_state
+        from chkpt_opt.measurement.step import measure_timeline
 
         with preserved_state(model):
             measured_series = measure_timeline(plan.apply(), ex_args, ex_kwargs)

@@ -26,10 +26,10 @@ modified, and the new module shares its Parameter and buffer objects.
 The package is split by responsibility: :mod:`~chkpt_opt.codegen.runtime` runs inside the
 training step (recompute flag, state guards, :class:`CheckpointRegion`, generator replay),
 :mod:`~chkpt_opt.codegen.state` analyses the module state a region reads or writes, and
-:mod:`~chkpt_opt.codegen.rewrite` outlines the regions (:func:`apply_schedule`).
+:mod:`~chkpt_opt.codegen.rewrite` outlines the regions (:func:`rewrite_module`).
 """
 
-from chkpt_opt.codegen.rewrite import apply_schedule
+from chkpt_opt.codegen.rewrite import rewrite_module
 from chkpt_opt.codegen.runtime import (
     CheckpointRegion,
     ModuleStateGuard,
@@ -41,6 +41,6 @@ __all__ = [
     "CheckpointRegion",
     "ModuleStateGuard",
     "StateGuard",
-    "apply_schedule",
     "is_recomputing",
+    "rewrite_module",
 ]

@@ -15,8 +15,7 @@ from chkpt_opt.codegen.runtime import (
     CheckpointRegion,
     begin_cached_op,
     end_cached_op,
-    fetch_attr,
-    run_cached_traced,
+    run_cached_for_compile,
 )
 from chkpt_opt.codegen.state import (
     StateInfo,
@@ -26,6 +25,7 @@ from chkpt_opt.codegen.state import (
     state_info,
 )
 from chkpt_opt.errors import ScheduleError
+from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, check_schedule, innermost_regions, region_tree
 
@@ -50,7 +50,7 @@ def _flat_body(
     multi-level schedule exceeds Python's recursion limit). No guards: under compile,
     state updates happen once. It takes the body's arguments, then the attributes of the
     inner regions (their ``flat_attr_targets``), read from the root at call time. The ops
-    named in ``cached`` run through :func:`~chkpt_opt.codegen.runtime.run_cached_traced`,
+    named in ``cached`` run through :func:`~chkpt_opt.codegen.runtime.run_cached_for_compile`,
     which marks their traced nodes for the plan partitioner to save (inner regions'
     cached ops come marked from their own flat bodies).
     """
@@ -104,7 +104,7 @@ def _cached_call(
     callees: dict[str, Any],
     k: int,
 ) -> torch.fx.Node:
-    """Copies ``node`` of region ``k`` into ``flat`` as a call of ``run_cached_traced``
+    """Copies ``node`` of region ``k`` into ``flat`` as a call of ``run_cached_for_compile``
     (the callee, which fx code cannot name inline, becomes an attribute of the flat
     module, named after the region: outer regions' flat modules take it over)."""
     args = tuple(torch.fx.map_arg(node.args, lambda x: env[x]))
@@ -118,7 +118,7 @@ def _cached_call(
         name = f"{_CALLEE}{k}_{len(callees)}"
         callees[name] = node.target
         callee = flat.get_attr(name)
-    call = flat.call_function(run_cached_traced, (node.name, callee, *args), kwargs)
+    call = flat.call_function(run_cached_for_compile, (node.name, callee, *args), kwargs)
     call.meta = dict(node.meta)
     return call
 
@@ -248,7 +248,7 @@ def _outline(
     return [call, *items]
 
 
-def apply_schedule(
+def rewrite_module(
     module: torch.fx.GraphModule, graph: CostGraph, schedule: Schedule, *, for_compile: bool = False
 ) -> torch.fx.GraphModule:
     """Rewrites ``module`` (a fresh capture, modified in place) to run ``schedule``.

@@ -23,6 +23,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from chkpt_opt.fx_attrs import fetch_attr
+
 _RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "chkpt_opt_recomputing", default=False
 )
@@ -100,7 +102,7 @@ in a region that ``torch.compile`` traces; its value is the op's name. The plan
 partitioner (:mod:`chkpt_opt.export.partitioner`) saves what such an op returns."""
 
 
-def run_cached_traced(op: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def run_cached_for_compile(op: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Calls ``fn`` as the cached op ``op`` of a region's flat body (what ``torch.compile``
     traces): the nodes it traces carry the annotation :data:`CACHED_OP_ANNOTATION`."""
     with torch.fx.traceback.annotate({CACHED_OP_ANNOTATION: op}):
@@ -363,7 +365,7 @@ class CheckpointRegion(torch.nn.Module):
         """The attributes :attr:`flat_body` takes after the body's arguments."""
         return () if self._flat is None else self._flat[1]
 
-    def _run_traced(self, live: tuple[Any, ...], *acts: Any) -> Any:
+    def _run_for_compile(self, live: tuple[Any, ...], *acts: Any) -> Any:
         """The region as torch.compile traces it: its flat body, no replays (see
         :meth:`forward`)."""
         extra = [fetch_attr(self._root, t) for t in self.flat_attr_targets]
@@ -385,7 +387,7 @@ class CheckpointRegion(torch.nn.Module):
             # recomputes from the functional graph; state updates happen once without
             # guards, snapshots or generator replays (none of which dynamo could trace).
             return checkpoint(
-                functools.partial(self._run_traced, live),
+                functools.partial(self._run_for_compile, live),
                 *acts,
                 use_reentrant=False,
                 preserve_rng_state=self.replays_rng,
@@ -429,11 +431,3 @@ def _replayed_generators(
     finally:
         for generator, state in zip(generators, current):
             generator.set_state(state)
-
-
-def fetch_attr(root: torch.nn.Module, target: str) -> Any:
-    """The attribute of ``root`` at the dotted path ``target`` (an fx get_attr target)."""
-    value: Any = root
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value

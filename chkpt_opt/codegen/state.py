@@ -16,8 +16,9 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
-from chkpt_opt.codegen.runtime import ModuleStateGuard, StateGuard, fetch_attr
+from chkpt_opt.codegen.runtime import ModuleStateGuard, StateGuard
 from chkpt_opt.errors import ScheduleError
+from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.tracer.ops import (
     is_batch_norm_module,
     momentum_position,

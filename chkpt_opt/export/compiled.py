@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from chkpt_opt.export.partitioner import PlanPartitioner, compile_module
-from chkpt_opt.measure import measure_step_allocator, preserved_state, run_step
+from chkpt_opt.measurement.module_state import preserved_state
+from chkpt_opt.measurement.step import measure_step_allocator, run_step
 
 if TYPE_CHECKING:
     from chkpt_opt.api import Plan

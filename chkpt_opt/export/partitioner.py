@@ -23,7 +23,7 @@ policy before handing the graph to the min-cut partitioner, which honours the ta
   region reads it in the forward pass;
 * an op inside a region that the plan caches (a selective-checkpoint ``MUST_SAVE`` in
   eager; codegen annotates its traced nodes, see
-  :func:`~chkpt_opt.codegen.runtime.run_cached_traced`): ``MUST_SAVE`` on the nodes that
+  :func:`~chkpt_opt.codegen.runtime.run_cached_for_compile`): ``MUST_SAVE`` on the nodes that
   own what it returns (:func:`cached_op_outputs`); the intermediates of its decomposition
   are recomputed;
 * every other op inside a region: ``MUST_RECOMPUTE``.
@@ -63,7 +63,7 @@ except ImportError:  # a torch without Inductor's partitioner hook: compile_modu
     CustomPartitionerFn = object  # type: ignore[assignment,misc]
     get_hash_for_files = None  # type: ignore[assignment]
 
-from chkpt_opt.codegen.runtime import CACHED_OP_ANNOTATION, CheckpointRegion, run_cached_traced
+from chkpt_opt.codegen.runtime import CACHED_OP_ANNOTATION, CheckpointRegion, run_cached_for_compile
 from chkpt_opt.errors import ChkptOptError
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def cached_op_outputs(graph: torch.fx.Graph, forward: set[torch.fx.Node]) -> set
 
     Args:
         graph: the joint graph, its cached ops' nodes annotated (see
-            :func:`~chkpt_opt.codegen.runtime.run_cached_traced`).
+            :func:`~chkpt_opt.codegen.runtime.run_cached_for_compile`).
         forward: the nodes the forward pass computes.
     """
     op_types = partitioners.get_default_op_list()
@@ -293,7 +293,7 @@ class PlanPartitioner(CustomPartitionerFn):
 
 def cached_op_names(target: torch.nn.Module | Callable[..., Any]) -> tuple[str, ...]:
     """The ops that the checkpoint regions of ``target`` cache, sorted: those their flat
-    bodies (what ``torch.compile`` traces) call through ``run_cached_traced``. For a
+    bodies (what ``torch.compile`` traces) call through ``run_cached_for_compile``. For a
     function (what ``torch.compile`` also takes), the regions of the modules it refers to:
     its closure, its globals and, for a bound method, its object."""
     names = {
@@ -302,7 +302,7 @@ def cached_op_names(target: torch.nn.Module | Callable[..., Any]) -> tuple[str, 
         for region in module.modules()
         if isinstance(region, CheckpointRegion)
         for node in region.flat_body.graph.nodes
-        if node.target is run_cached_traced
+        if node.target is run_cached_for_compile
     }
     return tuple(sorted(names))
 

@@ -225,7 +225,7 @@ def measure_lowering(
     kwargs: dict[str, Any] | None = None,
 ) -> int:
     """Peak bytes of one step of a SAC-wrapped copy of ``model`` (exact, CPU)."""
-    from chkpt_opt.measure import measure_step
+    from chkpt_opt.measurement.step import measure_step
 
     wrapped = wrap_modules_in_place(copy.deepcopy(model), lowering)
     return measure_step(wrapped, args, kwargs).peak_bytes

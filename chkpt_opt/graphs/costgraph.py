@@ -274,7 +274,7 @@ def grad_outputs(graph: CostGraph) -> list[str]:
 def region_overhead_s(graph: CostGraph) -> float:
     """Seconds one recompute region adds to a step beyond recomputing its ops (the
     checkpoint call, its saved-tensor hooks and the replay's setup): the graph attribute
-    ``region_overhead_s``, measured by ``plan(..., profile_times=True)``; 0 when absent."""
+    ``region_overhead_s``, measured by ``trace(..., profile_times=True)``; 0 when absent."""
     return float(graph.graph.get("region_overhead_s", 0.0))
 
 
@@ -319,7 +319,7 @@ def check_graph(graph: CostGraph) -> None:
             raise _fail(
                 f"graph attribute {short(key)} must be seconds in [0, 1), got "
                 f"{short(seconds)}; remove it (0) or measure it with "
-                "plan(..., profile_times=True)."
+                "trace(..., profile_times=True)."
             )
     if not isinstance(graph.graph.get("outputs"), list):
         raise _fail("graph attribute 'outputs' must be a list of node names.")

@@ -22,11 +22,11 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
+from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.costgraph import CostGraph, new_graph
 from chkpt_opt.graphs.tracer.capture import Captured
-from chkpt_opt.graphs.tracer.fake_run import fetch_attr
 from chkpt_opt.graphs.tracer.flops import device_model
-from chkpt_opt.graphs.tracer.op_nodes import OpNodes, _Leaf
+from chkpt_opt.graphs.tracer.op_nodes import OpNodes, TensorLeaf
 
 ProgressFn = Callable[[int, int], None]
 
@@ -51,11 +51,11 @@ class _Builder(OpNodes):
             cost_model=model.name,
         )
         self._graph_sizes(graph)
-        leaves: dict[torch.fx.Node, list[_Leaf | None]] = {}
+        leaves: dict[torch.fx.Node, list[TensorLeaf | None]] = {}
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 leaves[node] = [
-                    _Leaf((), bool(getattr(x, "requires_grad", False)), static=True)
+                    TensorLeaf((), bool(getattr(x, "requires_grad", False)), static=True)
                     if isinstance(x, torch.Tensor)
                     else None
                     for x in self._tensor_leaves(node)
@@ -65,7 +65,7 @@ class _Builder(OpNodes):
                 is_param = isinstance(value, torch.nn.Parameter)
                 leaves[node] = (
                     [
-                        _Leaf(
+                        TensorLeaf(
                             (),
                             bool(is_param and value.requires_grad),
                             param=str(node.target) if is_param else None,

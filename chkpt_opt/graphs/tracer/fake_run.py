@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from chkpt_opt.errors import TraceError
+from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.tracer.capture import Captured
 from chkpt_opt.graphs.tracer.ops import op_name
 from chkpt_opt.graphs.tracer.step_outputs import differentiated_positions, loss_position
@@ -29,14 +30,6 @@ def is_call(node: torch.fx.Node) -> bool:
     if node.op == "call_module" and str(node.target) == "_guards_fn":
         return False
     return node.op in ("call_function", "call_method", "call_module")
-
-
-def fetch_attr(root: torch.nn.Module, target: str) -> Any:
-    """The attribute of ``root`` at the dotted path ``target`` (an fx get_attr target)."""
-    value: Any = root
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 class FakeRun:

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class _Leaf:
+class TensorLeaf:
     """A tensor leaf of an fx value: the storages it refers to and where it comes from."""
 
     refs: tuple[str, ...]
@@ -50,8 +50,8 @@ class OpNodes(FakeRun):
     """Adds the node of each op to the cost graph (see the module docstring)."""
 
     def _input_leaves(
-        self, node: torch.fx.Node, leaves: dict[torch.fx.Node, list[_Leaf | None]]
-    ) -> list[_Leaf]:
+        self, node: torch.fx.Node, leaves: dict[torch.fx.Node, list[TensorLeaf | None]]
+    ) -> list[TensorLeaf]:
         """The descriptors of the tensor leaves of a node's arguments, in flattening order."""
 
         def describe(x: Any) -> Any:
@@ -66,17 +66,19 @@ class OpNodes(FakeRun):
             0
         ]
         materialized = tree_flatten(self._materialize(node))[0]
-        out: list[_Leaf] = []
+        out: list[TensorLeaf] = []
         for value, desc in zip(materialized, described):
             if isinstance(value, torch.Tensor):
-                out.append(desc if isinstance(desc, _Leaf) else _Leaf((), False, static=True))
+                out.append(
+                    desc if isinstance(desc, TensorLeaf) else TensorLeaf((), False, static=True)
+                )
         return out
 
     def _add_node(
         self,
         graph: CostGraph,
         node: torch.fx.Node,
-        leaves: dict[torch.fx.Node, list[_Leaf | None]],
+        leaves: dict[torch.fx.Node, list[TensorLeaf | None]],
         model: DeviceModel,
     ) -> None:
         name = node.name
@@ -154,7 +156,7 @@ class OpNodes(FakeRun):
         single = sum(1 for g in set(result.out_group) if g >= 0) == 1 and len(value_leaves) == 1
         group_ids = [name if single else f"{name}:{g}" for g in range(len(result.group_bytes))]
         outputs = {gid: nbytes for gid, nbytes in zip(group_ids, result.group_bytes)}
-        node_leaves: list[_Leaf | None] = []
+        node_leaves: list[TensorLeaf | None] = []
         aliases: list[str] = []
         for j, leaf in enumerate(value_leaves):
             rg = bool(result.out_requires_grad[j]) if j < len(result.out_requires_grad) else False
@@ -166,11 +168,11 @@ class OpNodes(FakeRun):
                 src = infos_src[alias]
                 refs = src.refs
                 aliases.extend(r for r in refs if r not in aliases)
-                node_leaves.append(_Leaf(refs, rg, static=src.static and not refs))
+                node_leaves.append(TensorLeaf(refs, rg, static=src.static and not refs))
             elif alias == -1:
-                node_leaves.append(_Leaf((group_ids[result.out_group[j]],), rg))
+                node_leaves.append(TensorLeaf((group_ids[result.out_group[j]],), rg))
             else:
-                node_leaves.append(_Leaf((), rg, static=True))
+                node_leaves.append(TensorLeaf((), rg, static=True))
         leaves[node] = node_leaves
 
         sizes = dict(outputs)
@@ -275,8 +277,8 @@ class OpNodes(FakeRun):
         args: Any,
         kwargs: Any,
         infos: list[LeafInfo],
-        infos_src: list[_Leaf],
-    ) -> tuple[Callable[..., Any], Any, Any, list[LeafInfo], list[_Leaf]]:
+        infos_src: list[TensorLeaf],
+    ) -> tuple[Callable[..., Any], Any, Any, list[LeafInfo], list[TensorLeaf]]:
         if node.op == "call_function":
             return node.target, args, kwargs, infos, infos_src
         if node.op == "call_method":
@@ -298,7 +300,7 @@ class OpNodes(FakeRun):
             is_param = key in dict(module.named_parameters())
             rg = bool(is_param and value.requires_grad)
             extra_infos.append(LeafInfo(requires_grad=rg, param=qual if is_param else None))
-            extra_src.append(_Leaf((), rg, param=qual if is_param else None, static=True))
+            extra_src.append(TensorLeaf((), rg, param=qual if is_param else None, static=True))
 
         def call_module(module_state: dict[str, Any], *a: Any, **k: Any) -> Any:
             return torch.func.functional_call(module, module_state, a, k)
@@ -311,7 +313,7 @@ class OpNodes(FakeRun):
             extra_src + infos_src,
         )
 
-    def _conservative(self, node: torch.fx.Node, infos_src: list[_Leaf]) -> ProbeResult:
+    def _conservative(self, node: torch.fx.Node, infos_src: list[TensorLeaf]) -> ProbeResult:
         """Upper-bound description of an op the probe could not run: saves all its inputs
         and outputs, owns every output."""
         result = ProbeResult()
@@ -354,7 +356,7 @@ _CPU_FULL_BUFFER_REDUCTIONS = {
 
 
 def _full_buffer_reduction(
-    node: torch.fx.Node, result: ProbeResult, device_type: str, infos: list[_Leaf]
+    node: torch.fx.Node, result: ProbeResult, device_type: str, infos: list[TensorLeaf]
 ) -> None:
     position = _CPU_FULL_BUFFER_REDUCTIONS.get(op_name(node))
     if position is None or device_type != "cpu" or not result.group_bytes:

@@ -1,6 +1,6 @@
 """Which outputs of a model a training step differentiates: the one rule that the tracer
-(which outputs receive a gradient in the cost graph) and :mod:`chkpt_opt.measure` (what a
-measured step backpropagates) share.
+(which outputs receive a gradient in the cost graph) and :mod:`chkpt_opt.measurement.step`
+(what a measured step backpropagates) share.
 
 A model that returns a mapping with a ``loss`` entry (a Hugging Face ``ModelOutput``, a
 dict) is trained on that loss alone: ``model(**batch).loss.backward()``, as Hugging Face's

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from chkpt_opt.graphs.tracer.module_state import preserved_state as preserved_state
 from chkpt_opt.graphs.tracer.step_outputs import grad_outputs as step_grad_outputs
 from chkpt_opt.graphs.tracer.storage import StorageTracker
 

@@ -1,6 +1,6 @@
-"""Kernel workspace measured on the device (chkpt_opt.graphs.tracer.device_workspace), on the
-CPU with rulers that stand in for a device's allocator; the CUDA allocator itself is
-exercised by tests/test_cuda.py."""
+"""Kernel workspace measured on the device (chkpt_opt.measurement.workspace), on the CPU
+with rulers that stand in for a device's allocator; the CUDA allocator itself is exercised
+by tests/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 
 import chkpt_opt
 from chkpt_opt import zoo
-from chkpt_opt.graphs.tracer import add_unseen_workspaces, trace_model
-from chkpt_opt.graphs.tracer.device_workspace import StorageRuler, unseen_workspaces
+from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.graphs.tracer.storage import StorageTracker
+from chkpt_opt.measurement.workspace import StorageRuler, add_unseen_workspaces, unseen_workspaces
 
 
 class _Hidden(StorageRuler):

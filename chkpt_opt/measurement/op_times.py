@@ -4,6 +4,8 @@ The tracer's default times come from a roofline model (FLOPs and bytes). When th
 tensors are real (not on the meta device), :func:`measure_forward_times` runs the graph a
 few times under ``torch.no_grad()`` and keeps each op's median forward time, which is what
 recomputation costs. Module state (buffers, the RNG) is restored afterwards.
+:func:`write_op_times` puts those times into the cost graph: the forward time measured,
+the backward time scaled by the op's FLOP ratio, alike ops given their group's median.
 
 Timing an op node by node through ``torch.fx.Interpreter`` adds the interpreter's own work
 per node (fetching arguments, the timer calls), microseconds to tens of microseconds on a
@@ -26,7 +28,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from chkpt_opt.graphs.tracer.module_state import preserved_state
+from chkpt_opt.errors import TraceError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.tracer.capture import Captured
+from chkpt_opt.measurement.module_state import preserved_state
 
 CALIBRATION_CALLS = 200
 """Calls of the no-work node timed to measure the interpreter's overhead."""
@@ -94,3 +99,52 @@ def node_overhead_s(
             direct.append(time.perf_counter() - start)
     (interpreted,) = samples.values()
     return statistics.median(interpreted), statistics.median(direct)
+
+
+def write_op_times(graph: CostGraph, captured: Captured) -> None:
+    """Replaces the roofline times of ``graph`` by op times measured on the device of
+    ``captured`` (its module and inputs, whose cost graph ``graph`` is): ``fwd_time_s`` as
+    measured, ``bwd_time_s`` scaled by the op's FLOP ratio; the graph's ``cost_model``
+    says ``measured-<device>``.
+
+    Raises:
+        TraceError: the model is on the meta device, where nothing runs to be timed.
+    """
+    if graph.graph.get("device_type") == "meta":
+        raise TraceError(
+            "cannot time ops of a model on the meta device; trace it without profile_times, "
+            "or move it to a device first."
+        )
+    times = _alike_ops_alike_times(
+        graph, measure_forward_times(captured.module, captured.flat_inputs)
+    )
+    for name, attrs in graph.nodes(data=True):
+        fwd = times.get(name, attrs["fwd_time_s"])
+        ratio = attrs["bwd_flops"] / attrs["fwd_flops"] if attrs["fwd_flops"] else 2.0
+        attrs["fwd_time_s"] = fwd
+        attrs["bwd_time_s"] = fwd * ratio if attrs["has_backward"] else 0.0
+    graph.graph["cost_model"] = f"measured-{graph.graph.get('device_type', 'cpu')}"
+
+
+def _alike_ops_alike_times(graph: CostGraph, times: dict[str, float]) -> dict[str, float]:
+    """Measured times with every group of alike ops (the same op on the same sizes and
+    FLOPs: the attention of every layer) given the group's median: the same work costs
+    the same, and the repeated blocks of a model stay identical for the block solvers
+    (their timing noise apart, they are)."""
+    groups: dict[tuple[object, ...], list[str]] = {}
+    for name, attrs in graph.nodes(data=True):
+        if name in times:
+            key = (
+                attrs["op"],
+                attrs["output_bytes"],
+                attrs["saved_bytes"],
+                attrs["n_saved"],
+                attrs["fwd_flops"],
+                attrs["bwd_flops"],
+            )
+            groups.setdefault(key, []).append(name)
+    alike: dict[str, float] = {}
+    for members in groups.values():
+        median = statistics.median(times[m] for m in members)
+        alike.update(dict.fromkeys(members, median))
+    return alike

@@ -18,8 +18,9 @@ under several schedules, interleaved, and charges the step-time differences, les
 replayed ops' own forward time, to what they differ in: regions (one per op against
 none), and policies (the same regions caching one op each, in many small regions and in
 two large ones, which separates the per-region setup from the per-op dispatch).
-``plan(..., profile_times=True)`` stores the results in the graph, where the simulator and
-the solvers' models count them (:mod:`chkpt_opt.region_replay`).
+``trace(..., profile_times=True)`` (and so ``plan``) stores the results in the graph
+(:func:`~chkpt_opt.measurement.driver.measure_traced`), where the simulator and the
+solvers' models count them (:mod:`chkpt_opt.region_replay`).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from chkpt_opt.codegen.rewrite import apply_schedule
+from chkpt_opt.codegen.rewrite import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.graphs.tracer import trace_model
-from chkpt_opt.graphs.tracer.timing import measure_forward_times
-from chkpt_opt.measure import run_step
+from chkpt_opt.measurement.op_times import measure_forward_times
+from chkpt_opt.measurement.step import run_step
 from chkpt_opt.region_replay import policy_dispatches
 from chkpt_opt.schedule import Schedule, cacheable_ops, cut_positions
 from chkpt_opt.simulate import simulate
@@ -133,7 +134,7 @@ def measure_region_costs(device: torch.device | str = "cpu") -> RegionCosts:
         attrs["fwd_time_s"] = times.get(name, attrs["fwd_time_s"])
     schedules = _schedules(graph)
     modules = {
-        name: apply_schedule(traced.captured.fresh_module(), graph, schedule)
+        name: rewrite_module(traced.captured.fresh_module(), graph, schedule)
         for name, schedule in schedules.items()
     }
     samples: dict[str, list[float]] = {name: [] for name in modules}

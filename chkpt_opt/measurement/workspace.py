@@ -12,10 +12,11 @@ that much where such an op runs at the peak.
 every op, forward as the graph runs and backward alone (on the op's inputs, detached): the
 device's allocator and the storage tracker, the probe's ruler. What the allocator peaked at
 beyond the tracker's peak (both counted from the op's start) is what the probe could not
-see; the tracer adds it to the op's forward and backward workspace. What the allocator still
-holds after the op beyond its tensors was taken once and kept (cuBLAS takes a workspace per
-thread on its first call), memory of the process rather than of a step, and is left out.
-The allocator's 512-byte rounding of each block counts: the step really takes it.
+see; :func:`add_unseen_workspaces` adds it to the op's forward and backward workspace in
+the cost graph. What the allocator still holds after the op beyond its tensors was taken
+once and kept (cuBLAS takes a workspace per thread on its first call), memory of the
+process rather than of a step, and is left out. The allocator's 512-byte rounding of each
+block counts: the step really takes it.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from chkpt_opt.graphs.tracer.module_state import preserved_state
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.tracer.capture import Captured
 from chkpt_opt.graphs.tracer.storage import StorageTracker
+from chkpt_opt.measurement.module_state import preserved_state
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,40 @@ def unseen_workspaces(
     with preserved_state(module), torch.no_grad(), tracker:
         runner.run(*flat_inputs)
     return runner.found
+
+
+def add_unseen_workspaces(
+    graph: CostGraph, captured: Captured, allocator: Callable[[], Ruler] | None = None
+) -> None:
+    """Adds to every op's forward and backward workspace in ``graph`` what the device's
+    allocator (``allocator`` makes its ruler; default CUDA's) held beyond the tensor
+    storages while the op of ``captured`` ran (:func:`unseen_workspaces`); the graph's
+    ``workspace_model`` then says ``measured-<device>``. Where the measurement fails the
+    graph keeps the probe's workspace, as on the CPU, and a warning says so."""
+    nodes = {name: bool(attrs["has_backward"]) for name, attrs in graph.nodes(data=True)}
+    try:
+        unseen = unseen_workspaces(
+            captured.module, captured.flat_inputs, nodes, allocator=allocator
+        )
+    except Exception as err:  # the plan stands on the probe's workspace, as on the CPU
+        log.warning(
+            "could not measure kernel workspace on the device (%s: %s); predictions leave "
+            "out what kernels take beyond their tensors",
+            type(err).__name__,
+            err,
+        )
+        return
+    for name, (forward, backward) in unseen.items():
+        attrs = graph.nodes[name]
+        attrs["fwd_workspace_bytes"] += forward
+        if attrs["has_backward"]:
+            attrs["bwd_workspace_bytes"] += backward
+    graph.graph["workspace_model"] = f"measured-{graph.graph['device_type']}"
+    log.info(
+        "kernel workspace unseen by the tracer: %d ops, at most %d bytes",
+        sum(1 for f, b in unseen.values() if f or b),
+        max((max(f, b) for f, b in unseen.values()), default=0),
+    )
 
 
 class _Measuring(torch.fx.Interpreter):
