@@ -166,8 +166,7 @@ def against_hf(
             optimizer=None,
             solver=solver,
             time_limit_s=time_limit_s,
-            profile_times=True,
-        )
+        )  # base.traced carries the op times and region costs plan() measured
 
     start = time.perf_counter()
     try:
