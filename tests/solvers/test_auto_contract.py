@@ -4,6 +4,7 @@ higher), over fuzzed graphs and the corpus."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,28 @@ from chkpt_opt.solvers.registry import available_solvers
 from tests.conftest import REL, assert_valid_result
 
 CORPUS = Path(__file__).resolve().parents[2] / "graphs"
+HF_PADDED = Path(__file__).resolve().parents[1] / "data" / "hf_padded"
+"""Hugging Face graphs with measured op times and the peaks of the models' own checkpointing
+(``python benchmarks/hf_graphs.py``)."""
 TIME_LIMIT_S = 10.0
 
 
-def _loser(graph: CostGraph, fraction: float, time_limit_s: float) -> list[str]:
-    """The solvers that, run alone, beat auto on ``graph`` at ``fraction`` of its keep-all
-    peak (none when the contract holds)."""
-    budget = int(fraction * simulate(graph, Schedule()).peak_bytes)
+def _loser(
+    graph: CostGraph,
+    fraction: float,
+    time_limit_s: float,
+    *,
+    budget_bytes: int | None = None,
+    solvers: tuple[str, ...] | None = None,
+) -> list[str]:
+    """The solvers (every registered one, or ``solvers``) that, run alone, beat auto on
+    ``graph`` at ``fraction`` of its keep-all peak, or at ``budget_bytes`` (none when the
+    contract holds)."""
+    budget = budget_bytes or int(fraction * simulate(graph, Schedule()).peak_bytes)
     auto = get_solver("auto")(graph, budget, time_limit_s=time_limit_s)
     assert_valid_result(graph, auto, budget)
     beaten = []
-    for name in sorted(available_solvers()):
+    for name in solvers or sorted(available_solvers()):
         if name == "auto":
             continue
         try:
@@ -77,3 +89,20 @@ def test_auto_is_never_worse_than_a_solver_alone_on_fuzzed_dags(seed: int) -> No
     graph = random_dag(12 + 2 * seed, seed=seed, skip_prob=0.3, max_inputs=3)
     for fraction in (0.8, 0.6, 0.45):
         assert _loser(graph, fraction, TIME_LIMIT_S) == [], fraction
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_auto_is_never_worse_than_the_keep_set_solvers_on_hugging_face_graphs(
+    family: str,
+) -> None:
+    """At the peak of the model's own checkpointing, 40 s each. At 20 s, auto returned 32%
+    more recompute than the block search alone on BERT (its sweeps ran one block after
+    another, and the pruned search gave them 35% of the limit) and 4% more on Llama (whose
+    34 million-term program the pruned search built and never solved). Each solver here is
+    cut by the limit, so the margin auto leaves the block search must hold on a loaded
+    machine too: 40 s leaves it twice what it needs on 2 shared cores."""
+    graph = load_graph(HF_PADDED / f"{family}.json")
+    budget = json.loads((HF_PADDED / "budgets.json").read_text())[family]
+    keep_set = ("hierarchical", "pruned", "greedy")
+    assert _loser(graph, 0.0, 40.0, budget_bytes=budget, solvers=keep_set) == []
