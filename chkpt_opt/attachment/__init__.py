@@ -123,6 +123,7 @@ def optimize(
             model,
             example_inputs,
             example_kwargs,
+            outputs_held=outputs_held,
             budget=budget,
             solver=solver,
             optimizer=optimizer,

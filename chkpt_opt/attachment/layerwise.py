@@ -27,9 +27,11 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs
 from chkpt_opt.budget import format_bytes
 from chkpt_opt.errors import BudgetError, InfeasibleBudgetError, ScheduleError
 from chkpt_opt.export.layers import Lowering, find_layers, lower_to_layers
+from chkpt_opt.sharding import predicted_rank_peak_bytes
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,10 @@ class LayerwiseAttachment:
             compute.
         n_layers: the model's repeated layers.
         layer_paths: module paths of the layers checkpointed whole.
-        predicted_peak_bytes: the whole step's predicted peak under the lowering.
+        predicted_peak_bytes: the whole step's predicted peak under the lowering (under
+            FSDP2: :func:`chkpt_opt.sharding.predicted_rank_peak_bytes`, FSDP2's buffers
+            placed in time).
+        exact_plan_peak_bytes: the same prediction for the exact plan.
     """
 
     plan: Any
@@ -83,21 +88,24 @@ class LayerwiseAttachment:
     n_layers: int
     layer_paths: tuple[str, ...]
     predicted_peak_bytes: int
+    exact_plan_peak_bytes: int
     _modules: list[torch.nn.Module] = field(default_factory=list, repr=False)
 
     def summary(self) -> str:
         """The budget split, the exact plan, and what its per-layer lowering costs."""
         low = self.lowering
-        static = self.plan.static
-        exact_step = static.step_peak_bytes(low.exact_peak_bytes)
+        exact_step = self.exact_plan_peak_bytes
+        placed = ""
+        if self.plan.sharding is not None and self.plan.sharding.shards_states:
+            placed = ", FSDP2's buffers placed in time (the budget split bounds them)"
         return "\n".join(
             [
                 self.plan.summary(),
                 f"layer-wise: {len(self.layer_paths)} of {self.n_layers} "
                 f"layers checkpointed whole ({', '.join(self.layer_paths) or 'none'})",
                 f"  predicted peak {format_bytes(self.predicted_peak_bytes)} (exact plan "
-                f"{format_bytes(exact_step)}); extra compute {low.lowered_overhead:.1%} "
-                f"(exact plan {low.exact_overhead:.1%})",
+                f"{format_bytes(exact_step)}){placed}; extra compute "
+                f"{low.lowered_overhead:.1%} (exact plan {low.exact_overhead:.1%})",
                 *(f"  note: {note}" for note in low.notes),
             ]
         )
@@ -124,11 +132,16 @@ def attach_layerwise(
     model: torch.nn.Module,
     example_inputs: Any,
     example_kwargs: dict[str, Any] | None,
+    *,
+    outputs_held: bool | None = None,
     **plan_settings: Any,
 ) -> LayerwiseAttachment:
     """Plans one rank's step of ``model`` on the example inputs (``plan_settings`` as
     :func:`chkpt_opt.plan` takes them: ``budget``, ``sharding``, ...), lowers the plan to
-    whole layers and checkpoints those layers in place.
+    whole layers and checkpoints those layers in place. ``outputs_held=False``: the loop
+    drops the outputs beside the loss before the backward pass (the lowering and the
+    predicted peak count them freed); otherwise they count as held (the layer-wise
+    attachment does not observe the loop).
 
     Raises:
         BudgetError: no example inputs (the plan is made ahead, before ``fully_shard``).
@@ -156,9 +169,12 @@ def attach_layerwise(
             made = make_plan(model, args, example_kwargs=kwargs, **plan_settings)
     finally:
         model.train(was_training)
+    graph = made.graph
+    if outputs_held is False and droppable(graph):
+        graph = dropping_outputs(graph)
     try:
         lowering = lower_to_layers(
-            made.graph,
+            graph,
             made.schedule,
             target="torchtitan",
             budget_bytes=made.activation_budget_bytes,
@@ -175,9 +191,13 @@ def attach_layerwise(
             budget_bytes=made.activation_budget_bytes,
             min_feasible_bytes=peak,
         )
-    layers = find_layers(made.graph)
+    layers = find_layers(graph)
     paths = tuple(f"{layers.container}.{k}" for k in lowering.layers)
-    attached = LayerwiseAttachment(made, lowering, len(layers.spans), paths, peak)
+    exact = made.static.step_peak_bytes(lowering.exact_peak_bytes)
+    if made.sharding is not None:  # FSDP2's buffers placed in time, not bounded
+        peak = predicted_rank_peak_bytes(graph, lowering.schedule, made.sharding, made.static)
+        exact = predicted_rank_peak_bytes(graph, made.schedule, made.sharding, made.static)
+    attached = LayerwiseAttachment(made, lowering, len(layers.spans), paths, peak, exact)
     for path in paths:
         module = model.get_submodule(path)
         own = module.__dict__.get("forward")

@@ -1,6 +1,8 @@
 """FSDP2 (``fully_shard`` per layer and at the root) over a plain PyTorch model with a
-layer-wise plan attached: the gradients of FSDP2 over the original and a measured per-rank
-peak within the per-rank budget (gloo, two CPU processes). Nothing here imports
+layer-wise plan attached: the gradients of FSDP2 over the original, a measured per-rank
+peak within the per-rank budget, and the predicted per-rank peak (FSDP2's buffers placed
+in time) within 3% of the measured one, with the plan and without (gloo, two CPU
+processes). Nothing here imports
 transformers, so the processes start and plan in seconds (the Llama case, slower, is in
 ``test_fsdp2.py``)."""
 
@@ -14,15 +16,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.attachment.rank_memory import close, gathered_buffers, local_bytes
+
 WORLD = 2
-
-
-def _local_bytes(tensors: list[torch.Tensor]) -> int:
-    from torch.distributed.tensor import DTensor
-
-    return sum(
-        (t.to_local() if isinstance(t, DTensor) else t).untyped_storage().nbytes() for t in tensors
-    )
 
 
 class _Stack(torch.nn.Module):
@@ -46,11 +42,13 @@ class _Stack(torch.nn.Module):
         return self.head(x).square().mean()
 
 
-def _stack_budget_bytes(x: torch.Tensor) -> int:
+def _stack_budget_bytes(x: torch.Tensor) -> tuple[int, int]:
+    """The budget (halfway between every layer checkpointed and none, the FSDP2 buffers
+    counted as the budget split's upper bound) and the predicted peak without a plan."""
     import chkpt_opt
     from chkpt_opt.export.layers import find_layers
     from chkpt_opt.schedule import Schedule
-    from chkpt_opt.sharding import Sharding, per_rank_graph
+    from chkpt_opt.sharding import Sharding, per_rank_graph, predicted_rank_peak_bytes
     from chkpt_opt.whole_step import static_memory_for
 
     graph = chkpt_opt.trace(_Stack(), (x,))
@@ -58,37 +56,41 @@ def _stack_budget_bytes(x: torch.Tensor) -> int:
     rank = per_rank_graph(graph, sharding)
     low = chkpt_opt.simulate(rank, Schedule.from_spans(rank, list(find_layers(rank).spans)))
     high = chkpt_opt.simulate(rank, Schedule.from_spans(rank, []))
-    resident = static_memory_for(graph, "sgd", sharding=sharding).resident_bytes
-    return resident + (low.peak_bytes + high.peak_bytes) // 2
+    static = static_memory_for(graph, "sgd", sharding=sharding)
+    original = predicted_rank_peak_bytes(rank, Schedule(), sharding, static)
+    return static.resident_bytes + (low.peak_bytes + high.peak_bytes) // 2, original
 
 
 def _stack_ranks(rank: int, store: str, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     import chkpt_opt
-    from chkpt_opt.graphs.tracer.storage import StorageTracker
+    from chkpt_opt.graphs.tracer.storage import ResizingStorageTracker
     from chkpt_opt.sharding import Sharding
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         x = torch.randn(512, 16, generator=torch.Generator().manual_seed(rank))
-        budget = _stack_budget_bytes(x)  # the same on both ranks: the shapes are
+        budget, original_predicted = _stack_budget_bytes(x)  # the same on both ranks
         original = _Stack()
         planned = chkpt_opt.optimize(
             _Stack(), (x,), budget=budget, sharding=Sharding(WORLD), optimizer="sgd"
         )
+        attached = chkpt_opt.attachment_of(planned)
         result: dict[str, object] = {
             "budget": budget,
-            "layers": list(chkpt_opt.attachment_of(planned).layer_paths),
-        }  # type: ignore[union-attr]
+            "layers": list(attached.layer_paths),  # type: ignore[union-attr]
+            "original_predicted": original_predicted,
+            "planned_predicted": attached.predicted_peak_bytes,  # type: ignore[union-attr]
+        }
         grads = {}
         for name, model in (("original", original), ("planned", planned)):
             for layer in model.layers:
                 fully_shard(layer)
             fully_shard(model)
-            resident = _local_bytes(list(model.parameters())) + x.untyped_storage().nbytes()
-            with StorageTracker() as tracker:
+            resident = local_bytes(list(model.parameters())) + x.untyped_storage().nbytes()
+            with ResizingStorageTracker(gathered_buffers(model)) as tracker:
                 model(x).backward()
             result[name] = resident + tracker.peak_bytes
             grads[name] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
@@ -107,3 +109,5 @@ def test_fsdp2_runs_a_layerwise_plan_of_a_plain_model(tmp_path: Path) -> None:
         assert all(torch.equal(grads["planned"][n], g) for n, g in grads["original"].items())
         budget = result["budget"]
         assert result["layers"] and result["planned"] <= budget < result["original"], result
+        for name in ("original", "planned"):
+            assert close(result[f"{name}_predicted"], result[name]), (name, result)
