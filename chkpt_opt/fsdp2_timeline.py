@@ -233,3 +233,24 @@ def rank_timeline(
     timeline = list(step_bytes(fsdp2_steps(graph, schedule, units, reshard=reshard)))
     peak_step, peak_bytes, _ = max(timeline, key=lambda point: point[1])
     return RankTimeline(peak_bytes, peak_step, sum(u.shard_grad_bytes for u in units))
+
+
+BUFFER_PREFIXES = ("un:", "ag:", "rs:", "p:")
+"""The instances of :func:`fsdp2_steps` that are FSDP2's (unsharded parameters, all-gather
+and reduce-scatter buffers, unsharded gradients), the sharded gradients aside."""
+
+
+def buffers_peak_bytes(graph: CostGraph, units: Sequence[Unit], *, reshard: bool = True) -> int:
+    """The most bytes FSDP2's buffers and the unsharded gradients hold at once over the
+    step, the sharded gradients aside. The same for every schedule (a recomputation adds
+    none of them, and they come and go in the same order), so the budget split can take
+    it off as resident: with the sharded gradients counted whole, an upper bound of
+    FSDP2's part at every step."""
+    live: dict[str, int] = {}
+    peak = 0
+    for step in fsdp2_steps(graph, Schedule(), units, reshard=reshard):
+        live.update((i, b) for i, b in step.alloc if i.startswith(BUFFER_PREFIXES))
+        peak = max(peak, sum(live.values()))
+        for inst in step.free:
+            live.pop(inst, None)
+    return peak

@@ -222,18 +222,18 @@ def rank_static_memory(
         foreach=device in ("cuda", "meta") if foreach is None else foreach,
     )
     if sharding.shards_states:
-        root, *layers = unit_param_bytes(graph)
-        biggest = max(layers, default=0)
-        if sharding.reshard_after_forward:
-            unsharded = root + 3 * biggest
-        else:
-            unsharded = root + sum(layers) + biggest
-        unsharded_grads = math.ceil((root + biggest) * (1 + ratio))
+        from chkpt_opt.fsdp2_timeline import buffers_peak_bytes, fsdp2_units
+
+        units = fsdp2_units(
+            graph, sharding.world_size, ratio, unpadded_bytes=unit_param_bytes(graph)
+        )
         return dataclasses.replace(
             base,
             grad_bytes=rank_trainable,
             resident_grad_bytes=rank_trainable,
-            communication_bytes=unsharded + unsharded_grads,
+            communication_bytes=buffers_peak_bytes(
+                graph, units, reshard=sharding.reshard_after_forward
+            ),
             world_size=sharding.world_size,
             strategy="fsdp2",
         )
