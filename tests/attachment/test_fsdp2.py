@@ -68,23 +68,27 @@ def _ranks_steps(rank: int, store: str, out: str, budget: int) -> None:
         gen = torch.Generator().manual_seed(10 + rank)
         batches = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen) for _ in range(STEPS)]
         original = _model()
-        planned = chkpt_opt.optimize(  # before fully_shard: the plan captures plain tensors
-            copy.deepcopy(original),
-            budget=budget,
-            sharding=Sharding(world_size=WORLD),
-            example_kwargs={"input_ids": batches[0], "labels": batches[0]},
-            time_limit_s=2,
-            profile_times=False,
-            outputs_held=False,  # the loop below keeps the loss alone
-        )
-        attached = chkpt_opt.attachment_of(planned)
-        result: dict[str, object] = {
-            "layers": list(attached.layer_paths),  # type: ignore[union-attr]
-            "predicted": attached.predicted_peak_bytes,  # type: ignore[union-attr]
-            "summary": attached.summary(),  # type: ignore[union-attr]
-        }
+        contenders = {"original": original}
+        result: dict[str, object] = {}
+        for name, selective in (("planned", False), ("selective", True)):
+            contenders[name] = chkpt_opt.optimize(  # before fully_shard: plain tensors
+                copy.deepcopy(original),
+                budget=budget,
+                sharding=Sharding(world_size=WORLD),
+                example_kwargs={"input_ids": batches[0], "labels": batches[0]},
+                time_limit_s=2,
+                profile_times=False,
+                outputs_held=False,  # the loop below keeps the loss alone
+                selective_layers=selective,
+            )
+            attached = chkpt_opt.attachment_of(contenders[name])
+            result[f"{name}_layers"] = list(attached.layer_paths)  # type: ignore[union-attr]
+            result[f"{name}_predicted"] = attached.predicted_peak_bytes  # type: ignore[union-attr]
+            result[f"{name}_policies"] = attached.policies  # type: ignore[union-attr]
+            result[f"{name}_overhead"] = attached.overhead  # type: ignore[union-attr]
+            result[f"{name}_summary"] = attached.summary()  # type: ignore[union-attr]
         states = {}
-        for name, model in (("original", original), ("planned", planned)):
+        for name, model in contenders.items():
             for layer in model.model.layers:
                 fully_shard(layer)
             fully_shard(model)
@@ -116,13 +120,20 @@ def test_fsdp2_over_a_layerwise_plan_equals_fsdp2_within_the_rank_budget(tmp_pat
     for rank in range(WORLD):
         states = torch.load(tmp_path / f"rank{rank}.pt")
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        (planned_grads, planned_params), (grads, params) = states["planned"], states["original"]
-        for got, want in zip(planned_grads, grads, strict=True):
-            assert all(torch.equal(got[n], want[n]) for n in want), rank
-        assert all(torch.equal(planned_params[n], params[n]) for n in params), rank
-        assert result["layers"], result["summary"]  # the budget needs checkpointed layers
-        assert max(result["planned_peaks"]) <= budget, (result, budget)
-        assert max(result["original_peaks"]) > budget, (result, budget)
-        assert close(result["predicted"], max(result["planned_peaks"])), result
+        grads, params = states["original"]
+        for name in ("planned", "selective"):
+            got_grads, got_params = states[name]
+            for got, want in zip(got_grads, grads, strict=True):
+                assert all(torch.equal(got[n], want[n]) for n in want), (name, rank)
+            assert all(torch.equal(got_params[n], params[n]) for n in params), (name, rank)
+            # the budget needs checkpointed layers
+            assert result[f"{name}_layers"], result[f"{name}_summary"]
+            measured = max(result[f"{name}_peaks"])
+            assert measured <= budget, (name, result, budget)
+            assert close(result[f"{name}_predicted"], measured), (name, result)
         original = max(result["original_peaks"])
+        assert original > budget, (result, budget)
         assert close(original_predicted, original), (result, original_predicted)
+        # the selective policies cache what the plan keeps: less recomputed than whole layers
+        assert result["selective_policies"], result["selective_summary"]
+        assert result["selective_overhead"] < result["planned_overhead"], result

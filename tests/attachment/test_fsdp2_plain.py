@@ -74,18 +74,19 @@ def _stack_ranks(rank: int, store: str, out: str) -> None:
         x = torch.randn(512, 16, generator=torch.Generator().manual_seed(rank))
         budget, original_predicted = _stack_budget_bytes(x)  # the same on both ranks
         original = _Stack()
-        planned = chkpt_opt.optimize(
-            _Stack(), (x,), budget=budget, sharding=Sharding(WORLD), optimizer="sgd"
-        )
-        attached = chkpt_opt.attachment_of(planned)
-        result: dict[str, object] = {
-            "budget": budget,
-            "layers": list(attached.layer_paths),  # type: ignore[union-attr]
-            "original_predicted": original_predicted,
-            "planned_predicted": attached.predicted_peak_bytes,  # type: ignore[union-attr]
-        }
+        settings = {"budget": budget, "sharding": Sharding(WORLD), "optimizer": "sgd"}
+        planned = chkpt_opt.optimize(_Stack(), (x,), **settings)  # type: ignore[arg-type]
+        selective = chkpt_opt.optimize(_Stack(), (x,), selective_layers=True, **settings)  # type: ignore[arg-type]
+        result: dict[str, object] = {"budget": budget, "original_predicted": original_predicted}
+        for name, model in (("planned", planned), ("selective", selective)):
+            attached = chkpt_opt.attachment_of(model)
+            result[f"{name}_layers"] = list(attached.layer_paths)  # type: ignore[union-attr]
+            result[f"{name}_predicted"] = attached.predicted_peak_bytes  # type: ignore[union-attr]
+            result[f"{name}_policies"] = attached.policies  # type: ignore[union-attr]
+            result[f"{name}_overhead"] = attached.overhead  # type: ignore[union-attr]
+            result[f"{name}_summary"] = attached.summary()  # type: ignore[union-attr]
         grads = {}
-        for name, model in (("original", original), ("planned", planned)):
+        for name, model in (("original", original), ("planned", planned), ("selective", selective)):
             for layer in model.layers:
                 fully_shard(layer)
             fully_shard(model)
@@ -106,8 +107,13 @@ def test_fsdp2_runs_a_layerwise_plan_of_a_plain_model(tmp_path: Path) -> None:
     for rank in range(WORLD):
         grads = torch.load(tmp_path / f"stack{rank}.pt")
         result = json.loads((tmp_path / f"stack{rank}.json").read_text())
-        assert all(torch.equal(grads["planned"][n], g) for n, g in grads["original"].items())
+        for name in ("planned", "selective"):
+            assert all(torch.equal(grads[name][n], g) for n, g in grads["original"].items())
         budget = result["budget"]
-        assert result["layers"] and result["planned"] <= budget < result["original"], result
-        for name in ("original", "planned"):
+        assert result["planned_layers"] and result["original"] > budget, result
+        for name in ("original", "planned", "selective"):
+            assert result[name] <= budget or name == "original", (name, result)
             assert close(result[f"{name}_predicted"], result[name]), (name, result)
+        # the selective policies cache what the plan keeps: less recomputed than whole layers
+        assert result["selective_policies"], result["selective_summary"]
+        assert result["selective_overhead"] < result["planned_overhead"], result
