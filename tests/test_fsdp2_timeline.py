@@ -19,31 +19,16 @@ from chkpt_opt.sharding import (
     predicted_rank_peak_bytes,
     rank_static_memory,
 )
+from tests.attachment.test_fsdp2_plain import _Stack
 
 WORLD = 2
 
 
-class _Stack(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp = torch.nn.Linear(8, 16)
-        self.layers = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(16, 63), torch.nn.GELU(), torch.nn.Linear(63, 16))
-            for _ in range(3)
-        )
-        self.head = torch.nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for layer in self.layers:
-            x = x + layer(x)
-        return self.head(x).square().mean()
-
-
 @pytest.fixture(scope="module")
 def rank() -> chkpt_opt.CostGraph:
-    graph = chkpt_opt.trace(_Stack(), (torch.randn(64, 8),))
+    # 8 features, width 16, 63 hidden (padded to 64 rows), 3 classes (padded to 4)
+    model = _Stack(features=8, width=16, hidden=63, classes=3)
+    graph = chkpt_opt.trace(model, (torch.randn(64, 8),))
     return per_rank_graph(graph, Sharding(world_size=WORLD))
 
 
@@ -99,3 +84,22 @@ def test_the_exact_prediction_is_within_the_budget_split(rank: chkpt_opt.CostGra
         states = static.param_bytes + static.optimizer_state_bytes
         assert exact == states + static.buffer_bytes + static.input_bytes + timeline.peak_bytes
         assert exact < bound
+
+
+def test_the_resizing_tracker_sees_storages_resized_in_place() -> None:
+    """FSDP2 frees and reallocates unsharded parameters with ``resize_``, which no
+    dispatch mode sees: the plain tracker misses it, the resizing one does not."""
+    from chkpt_opt.graphs.tracer.storage import ResizingStorageTracker, StorageTracker
+
+    kept = torch.empty(1000)  # made before tracking, like FSDP2's all-gather outputs
+    kept.untyped_storage().resize_(0)
+    # the plain tracker: 400 + 40 + 4 (``made`` counted after it was freed, ``kept`` never);
+    # the resizing one: 4000 + 400 when ``ones`` returns
+    for tracker, expected in ((StorageTracker(), 444), (ResizingStorageTracker([kept]), 4400)):
+        with tracker:
+            kept.untyped_storage().resize_(4000)
+            made = torch.ones(100)  # an op after the resize: where the tracker looks
+            made.untyped_storage().resize_(0)
+            (kept[:10] * 2).sum()
+        assert tracker.peak_bytes == expected, type(tracker).__name__
+        kept.untyped_storage().resize_(0)

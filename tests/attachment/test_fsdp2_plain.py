@@ -25,15 +25,19 @@ class _Stack(torch.nn.Module):
     """Three MLP layers between an input projection and a head: no transformers import,
     so the two processes start and plan in seconds."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, features: int = 16, width: int = 32, hidden: int = 128, classes: int = 4
+    ) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.inp = torch.nn.Linear(16, 32)
+        self.inp = torch.nn.Linear(features, width)
         self.layers = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+            torch.nn.Sequential(
+                torch.nn.Linear(width, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, width)
+            )
             for _ in range(3)
         )
-        self.head = torch.nn.Linear(32, 4)
+        self.head = torch.nn.Linear(width, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
