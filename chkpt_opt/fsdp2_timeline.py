@@ -94,6 +94,7 @@ def fsdp2_units(
     names = [_layer_path(graph, order[a], layers.container) for a, _ in spans] if layers else []
     shapes = graph.graph.get("param_shapes")
     padded = [0] * (1 + len(spans))
+    trainable = [0] * (1 + len(spans))  # frozen parameters are gathered, not reduced
     if shapes is None:
         if len(unpadded_bytes) != len(padded):
             raise ValueError(
@@ -103,24 +104,24 @@ def fsdp2_units(
                 "the model again."
             )
         padded = list(unpadded_bytes)
+        trainable = list(unpadded_bytes)
     else:
-        for name, rows, elements, element_bytes, _ in shapes:
+        for name, rows, elements, element_bytes, requires_grad in shapes:
             unit = next((i + 1 for i, n in enumerate(names) if name.startswith(n + ".")), 0)
-            padded[unit] += _padded_elements(rows, elements, world_size) * element_bytes
-    units = []
-    for i, nbytes in enumerate(padded):
-        shard = math.ceil(nbytes * master_ratio / world_size)
-        units.append(
-            Unit(
-                name="root" if i == 0 else names[i - 1],
-                span=None if i == 0 else spans[i - 1],
-                gathered_bytes=nbytes,
-                reduce_bytes=nbytes,
-                shard_grad_bytes=shard,
-                shard_param_bytes=shard,
-            )
+            nbytes = _padded_elements(rows, elements, world_size) * element_bytes
+            padded[unit] += nbytes
+            trainable[unit] += nbytes if requires_grad else 0
+    return tuple(
+        Unit(
+            name="root" if i == 0 else names[i - 1],
+            span=None if i == 0 else spans[i - 1],
+            gathered_bytes=padded[i],
+            reduce_bytes=trainable[i],
+            shard_grad_bytes=math.ceil(trainable[i] * master_ratio / world_size),
+            shard_param_bytes=math.ceil(padded[i] * master_ratio / world_size),
         )
-    return tuple(units)
+        for i in range(len(padded))
+    )
 
 
 def _layer_path(graph: CostGraph, node: str, container: str) -> str:

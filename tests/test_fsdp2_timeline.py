@@ -103,3 +103,14 @@ def test_the_resizing_tracker_sees_storages_resized_in_place() -> None:
             (kept[:10] * 2).sum()
         assert tracker.peak_bytes == expected, type(tracker).__name__
         kept.untyped_storage().resize_(0)
+
+
+def test_frozen_parameters_are_gathered_not_reduced() -> None:
+    model = _Stack(features=8, width=16, hidden=63, classes=3)
+    model.head.requires_grad_(False)
+    graph = chkpt_opt.trace(model, (torch.randn(64, 8),))
+    root, layer, *_ = fsdp2_units(graph, world_size=WORLD)
+    head = 4 * (4 * 16 + 4)  # 3 rows padded to 4
+    assert root.gathered_bytes - root.reduce_bytes == head
+    assert root.shard_grad_bytes == root.reduce_bytes // WORLD
+    assert layer.reduce_bytes == layer.gathered_bytes
