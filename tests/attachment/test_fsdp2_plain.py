@@ -1,8 +1,8 @@
 """FSDP2 (``fully_shard`` per layer and at the root) over a plain PyTorch model with a
 layer-wise plan attached: the gradients of FSDP2 over the original, a measured per-rank
 peak within the per-rank budget, and the predicted per-rank peak (FSDP2's buffers placed
-in time) within 3% of the measured one, with the plan and without (gloo, two CPU
-processes). Nothing here imports
+in time) within 3% of the measured one, with the plan and without, and under a
+bf16 ``MixedPrecisionPolicy`` (gloo, two CPU processes). Nothing here imports
 transformers, so the processes start and plan in seconds (the Llama case, slower, is in
 ``test_fsdp2.py``)."""
 
@@ -65,6 +65,43 @@ def _stack_budget_bytes(x: torch.Tensor) -> tuple[int, int]:
     return static.resident_bytes + (low.peak_bytes + high.peak_bytes) // 2, original
 
 
+def _mixed_precision_peaks(x: torch.Tensor) -> dict[str, int]:
+    """FSDP2 with fp32 sharded parameters computing in bf16 (``MixedPrecisionPolicy``),
+    every layer checkpointed whole or none: predicted from a trace of the model in bf16
+    (``master_element_bytes=4``) and measured, the batch given in bf16."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import chkpt_opt
+    from chkpt_opt.attachment.layerwise import CheckpointedForward
+    from chkpt_opt.export.layers import find_layers
+    from chkpt_opt.graphs.tracer.storage import ResizingStorageTracker
+    from chkpt_opt.schedule import Schedule
+    from chkpt_opt.sharding import Sharding, per_rank_graph, predicted_rank_peak_bytes
+    from chkpt_opt.whole_step import static_memory_for
+
+    x = x.to(torch.bfloat16)
+    sharding = Sharding(WORLD, master_element_bytes=4)
+    graph = chkpt_opt.trace(_Stack().to(torch.bfloat16), (x,))
+    rank = per_rank_graph(graph, sharding)
+    static = static_memory_for(graph, "sgd", sharding=sharding)
+    peaks = {}
+    for name, spans in (("mixed", []), ("mixed_checkpointed", list(find_layers(rank).spans))):
+        schedule = Schedule.from_spans(rank, spans)
+        peaks[f"{name}_predicted"] = predicted_rank_peak_bytes(rank, schedule, sharding, static)
+        model = _Stack()
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        for layer in model.layers:
+            if spans:
+                layer.__dict__["forward"] = CheckpointedForward(layer, None)
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        resident = local_bytes(list(model.parameters())) + x.untyped_storage().nbytes()
+        with ResizingStorageTracker(gathered_buffers(model)) as tracker:
+            model(x).backward()
+        peaks[name] = resident + tracker.peak_bytes
+    return peaks
+
+
 def _stack_ranks(rank: int, store: str, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
@@ -99,6 +136,7 @@ def _stack_ranks(rank: int, store: str, out: str) -> None:
                 model(x).backward()
             result[name] = resident + tracker.peak_bytes
             grads[name] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        result.update(_mixed_precision_peaks(x))
         torch.save(grads, os.path.join(out, f"stack{rank}.pt"))
         Path(out, f"stack{rank}.json").write_text(json.dumps(result))
     finally:
@@ -118,6 +156,9 @@ def test_fsdp2_runs_a_layerwise_plan_of_a_plain_model(tmp_path: Path) -> None:
         for name in ("original", "planned", "selective"):
             assert result[name] <= budget or name == "original", (name, result)
             assert close(result[f"{name}_predicted"], result[name]), (name, result)
+        for name in ("mixed", "mixed_checkpointed"):  # bf16 compute, fp32 shards
+            assert close(result[f"{name}_predicted"], result[name]), (name, result)
+        assert result["mixed_checkpointed"] < result["mixed"], result
         # the selective policies cache what the plan keeps: less recomputed than whole layers
         assert result["selective_policies"], result["selective_summary"]
         assert result["selective_overhead"] < result["planned_overhead"], result
