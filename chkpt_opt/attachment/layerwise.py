@@ -33,7 +33,8 @@ from chkpt_opt.budget import format_bytes
 from chkpt_opt.errors import BudgetError, InfeasibleBudgetError, ScheduleError
 from chkpt_opt.export.layers import Lowering, find_layers, lower_to_layers
 from chkpt_opt.export.sac import dispatched_ops, lower_to_sac, selective_policy
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners
+from chkpt_opt.region_replay import replayed_ops
 from chkpt_opt.schedule import Schedule, cacheable_ops
 from chkpt_opt.sharding import predicted_rank_peak_bytes
 from chkpt_opt.simulate import simulate
@@ -272,9 +273,10 @@ def selective_layer_schedule(graph: CostGraph, schedule: Schedule) -> Schedule:
     ``schedule`` recomputes any op of, caching the layer's ops whose outputs ``schedule``
     keeps: ops outside its regions, its cached ops, and ops a later region or an op
     outside reads (a keep-set region keeps its inputs). Only ops a policy may cache are
-    cached (:func:`chkpt_opt.schedule.cacheable_ops`; views and the like are recomputed);
-    ops outside the layers are kept. A layer whose every cacheable op would be cached is
-    left as it is."""
+    cached (:func:`chkpt_opt.schedule.cacheable_ops`; views and the like are recomputed),
+    and only those the layer's recomputation reaches (it stops at its last saved tensor);
+    ops outside the layers are kept. A layer whose recomputation would take every
+    cacheable op it reaches from the cache is left as it is."""
     order = ordered_nodes(graph)
     region_of = {n: k for k, region in enumerate(schedule.regions) for n in region}
     recomputed = schedule.recomputed_nodes()
@@ -287,10 +289,13 @@ def selective_layer_schedule(graph: CostGraph, schedule: Schedule) -> Schedule:
 
     regions: list[tuple[str, ...]] = []
     saved: set[str] = set()
+    owner = storage_owners(graph)
     for start, stop in find_layers(graph).spans:
         names = order[start:stop]
-        cached = {n for n in names if n in cacheable and kept(n)}
-        if any(n in cacheable and n not in cached for n in names):  # else nothing to save
+        # only ops the layer's recomputation reaches: it never takes a later op's cache
+        reached = set(replayed_ops(graph, tuple(names), owner))
+        cached = {n for n in names if n in cacheable and n in reached and kept(n)}
+        if any(n in cacheable and n not in cached for n in reached):  # else nothing saved
             regions.append(tuple(names))
             saved.update(cached)
     return Schedule(regions=tuple(regions), saved=frozenset(saved))
