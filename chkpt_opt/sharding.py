@@ -164,6 +164,20 @@ def _master_ratio(graph_attrs: dict[str, Any], sharding: Sharding) -> Fraction:
     return Fraction(sharding.master_element_bytes * elements, int(graph_attrs["param_bytes"]))
 
 
+def _padded_shard_bytes(
+    shapes: list[list[Any]], world_size: int, ratio: Fraction, *, trainable: bool
+) -> int:
+    """One rank's bytes of FSDP2's padded shards of the parameters ``shapes`` lists
+    (``[name, rows, elements, element_bytes, requires_grad]``), every one or the trainable."""
+    total = 0
+    for _, rows, elements, element_bytes, requires_grad in shapes:
+        if trainable and not requires_grad:
+            continue
+        rows = max(int(rows), 1)
+        total += math.ceil(rows / world_size) * (int(elements) // rows) * int(element_bytes)
+    return math.ceil(total * ratio)
+
+
 def _given(value: int | None, default: Any) -> int:
     return int(default) if value is None else value
 
@@ -191,8 +205,14 @@ def rank_static_memory(
     n_tensors = _given(n_trainable_tensors, g.get("n_trainable_tensors", 0))
     device = str(g.get("device_type", "cpu"))
     rank_trainable = sharding.shard_bytes(trainable, ratio)
+    rank_params = sharding.shard_bytes(int(g["param_bytes"]), ratio)
+    shapes = g.get("param_shapes")
+    if sharding.shards_states and shapes is not None and trainable_param_bytes is None:
+        # FSDP2 stores each shard padded to ceil(rows / world_size) rows.
+        rank_trainable = _padded_shard_bytes(shapes, sharding.world_size, ratio, trainable=True)
+        rank_params = _padded_shard_bytes(shapes, sharding.world_size, ratio, trainable=False)
     base = static_memory(
-        param_bytes=sharding.shard_bytes(int(g["param_bytes"]), ratio),
+        param_bytes=rank_params,
         trainable_param_bytes=rank_trainable,
         buffer_bytes=int(g["buffer_bytes"]),
         input_bytes=int(g["input_bytes"]),
@@ -202,18 +222,18 @@ def rank_static_memory(
         foreach=device in ("cuda", "meta") if foreach is None else foreach,
     )
     if sharding.shards_states:
-        root, *layers = unit_param_bytes(graph)
-        biggest = max(layers, default=0)
-        if sharding.reshard_after_forward:
-            unsharded = root + 3 * biggest
-        else:
-            unsharded = root + sum(layers) + biggest
-        unsharded_grads = math.ceil((root + biggest) * (1 + ratio))
+        from chkpt_opt.fsdp2_timeline import buffers_peak_bytes, fsdp2_units
+
+        units = fsdp2_units(
+            graph, sharding.world_size, ratio, unpadded_bytes=unit_param_bytes(graph)
+        )
         return dataclasses.replace(
             base,
             grad_bytes=rank_trainable,
             resident_grad_bytes=rank_trainable,
-            communication_bytes=unsharded + unsharded_grads,
+            communication_bytes=buffers_peak_bytes(
+                graph, units, reshard=sharding.reshard_after_forward
+            ),
             world_size=sharding.world_size,
             strategy="fsdp2",
         )
@@ -238,12 +258,39 @@ def per_rank_graph(graph: CostGraph, sharding: Sharding | None) -> CostGraph:
         return graph
     if UNITS_ATTR in graph.graph:
         return graph
+    from chkpt_opt.fsdp2_timeline import UNSHARDED_GRADS_ATTR
+
     units = unit_param_bytes(graph)
     copy = graph.copy()
-    for _, attrs in copy.nodes(data=True):
+    unsharded = {}
+    for node, attrs in copy.nodes(data=True):
+        if attrs["param_grad_bytes"]:
+            unsharded[node] = int(attrs["param_grad_bytes"])
         attrs["param_grad_bytes"] = 0
     copy.graph[UNITS_ATTR] = list(units)
+    copy.graph[UNSHARDED_GRADS_ATTR] = unsharded
     return copy
+
+
+def predicted_rank_peak_bytes(
+    graph: CostGraph, schedule: Any, sharding: Sharding, static: StaticMemory
+) -> int:
+    """One rank's predicted whole-step peak under ``schedule`` on the per-rank ``graph``:
+    under FSDP2 the resident states plus the exact timeline of activations and FSDP2's
+    buffers (:mod:`chkpt_opt.fsdp2_timeline`), or the optimizer step where it is higher;
+    under DDP the simulator's peak plus the resident memory (``static``, as
+    :func:`rank_static_memory` gives it)."""
+    from chkpt_opt.fsdp2_timeline import fsdp2_units, rank_timeline
+    from chkpt_opt.simulate import simulate
+
+    if not sharding.shards_states:
+        return static.step_peak_bytes(simulate(graph, schedule).peak_bytes)
+    ratio = _master_ratio(graph.graph, sharding)
+    units = fsdp2_units(graph, sharding.world_size, ratio, unpadded_bytes=unit_param_bytes(graph))
+    timeline = rank_timeline(graph, schedule, units, reshard=sharding.reshard_after_forward)
+    states = static.resident_bytes - static.communication_bytes - static.resident_grad_bytes
+    optimizer_phase = timeline.shard_grad_bytes + static.optimizer_step_extra_bytes
+    return states + max(timeline.peak_bytes, optimizer_phase)
 
 
 def sharding_of(model: Any) -> Sharding | None:

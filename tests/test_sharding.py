@@ -26,6 +26,7 @@ from chkpt_opt.whole_step import activation_budget, simulate_step, solve
 F32 = 4
 ROOT_ELEMENTS = (8 * 16 + 16) + (16 * 4 + 4)  # embedding-like input layer and head
 LAYER_ELEMENTS = 16 * 16 + 16
+HEAD_ELEMENTS = 16 * 4 + 4
 
 
 class _Stack(torch.nn.Module):
@@ -62,8 +63,10 @@ def test_fsdp2_rank_memory_in_exact_bytes(graph: chkpt_opt.CostGraph) -> None:
     assert s.param_bytes == shard
     assert s.optimizer_state_bytes == 2 * shard + 4 * 10  # two states, a step counter per tensor
     assert s.grad_bytes == s.resident_grad_bytes == shard
-    # root + current, next and its all-gather output; root and one layer's gradients, twice
-    assert s.communication_bytes == root + 3 * layer + 2 * (root + layer)
+    # FSDP2's part peaks in the middle layer's backward: the root's parameters and the
+    # head's gradients, the layer's parameters and gradients, the layer before gathered
+    # ahead, the reduce-scatter input of the layer after (fsdp2_timeline)
+    assert s.communication_bytes == root + HEAD_ELEMENTS * F32 + 4 * layer
     assert s.optimizer_step_extra_bytes == shard  # foreach: one copy of the rank's shard
     assert s.optimizer_phase_bytes == shard  # the gradients are resident already
     assert (s.world_size, s.strategy) == (4, "fsdp2")
@@ -75,19 +78,26 @@ def test_fsdp2_rank_memory_in_exact_bytes(graph: chkpt_opt.CostGraph) -> None:
 def test_fsdp2_without_resharding_keeps_every_layer_unsharded(graph: chkpt_opt.CostGraph) -> None:
     s = rank_static_memory(graph, Sharding(world_size=4, reshard_after_forward=False), None)
     root, layer = ROOT_ELEMENTS * F32, LAYER_ELEMENTS * F32
-    assert s.communication_bytes == root + 3 * layer + layer + 2 * (root + layer)
+    # the last layer's backward: the root and every layer unsharded, the head's gradients
+    # and the layer's own
+    assert s.communication_bytes == root + HEAD_ELEMENTS * F32 + 4 * layer
     assert s.optimizer_state_bytes == 0
 
 
 def test_master_weights_scale_the_sharded_states(graph: chkpt_opt.CostGraph) -> None:
     """fp64 master weights of an fp32 trace: the states double, the unsharded units do
-    not, the reduce-scatter buffer does."""
+    not."""
     params = (ROOT_ELEMENTS + 3 * LAYER_ELEMENTS) * F32
     sharding = Sharding(world_size=8, master_element_bytes=8)
     s = rank_static_memory(graph, sharding, optimizer_spec("sgd"))
     root, layer = ROOT_ELEMENTS * F32, LAYER_ELEMENTS * F32
-    assert s.param_bytes == math.ceil(2 * params / 8)
-    assert s.communication_bytes == root + 3 * layer + 3 * (root + layer)
+    # FSDP2 pads each first dimension to a multiple of 8: the layers' and the input
+    # layer's 16 rows shard evenly (2 each), the head's 4 rows take 1 row per rank
+    padded_elements = (2 * 8 + 2) + 3 * (2 * 16 + 2) + (1 * 16 + 1)
+    assert s.param_bytes == padded_elements * 8 > math.ceil(2 * params / 8)
+    # the head's 4 rows are padded to 8 when all-gathered, its gradients are not
+    padded_root = root + (4 * 16 + 4) * F32
+    assert s.communication_bytes == padded_root + HEAD_ELEMENTS * F32 + 4 * layer
     assert sharding.shard_bytes(10, Fraction(2)) == 3
 
 

@@ -69,6 +69,7 @@ def optimize(
     outputs_held: bool | None = None,
     sharding: Sharding | None = None,
     layerwise: bool | None = None,
+    selective_layers: bool = False,
 ) -> torch.nn.Module:
     """Attaches a plan that keeps every training step of ``model`` within ``budget``;
     returns ``model`` itself.
@@ -108,6 +109,9 @@ def optimize(
             ``example_inputs``/``example_kwargs``, which it requires. None (the default):
             layer-wise under FSDP2 sharding, the whole-graph plan otherwise. Call
             ``optimize`` before ``fully_shard``.
+        selective_layers: layer-wise, checkpoint each layer the plan recomputes any op of
+            with a selective-checkpoint policy caching the layer's ops the plan keeps,
+            instead of recomputing whole layers (where that fits the budget).
 
     Raises:
         BudgetError: an unreadable budget (at once); InfeasibleBudgetError from the call that
@@ -123,6 +127,8 @@ def optimize(
             model,
             example_inputs,
             example_kwargs,
+            outputs_held=outputs_held,
+            selective=selective_layers,
             budget=budget,
             solver=solver,
             optimizer=optimizer,

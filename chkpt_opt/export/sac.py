@@ -161,8 +161,10 @@ def lower_to_sac(graph: CostGraph, schedule: Schedule, issued: dict[str, list[st
     return SacLowering(modules=modules, notes=tuple(notes))
 
 
-def _policy(saved: dict[str, tuple[int, ...]]) -> Any:
-    """A SAC policy function counting occurrences separately in forward and recompute."""
+def selective_policy(saved: dict[str, tuple[int, ...]]) -> Any:
+    """A SAC policy function that saves the occurrences ``saved`` lists of each op (by full
+    overload name, counted within one call of the module) and recomputes every other op,
+    counting separately in the forward pass and the recomputation."""
     counts: dict[bool, Counter[str]] = {False: Counter(), True: Counter()}
 
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
@@ -193,7 +195,7 @@ class SacWrapped(torch.nn.Module):
         self.saved = saved
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        policy = _policy(self.saved)
+        policy = selective_policy(self.saved)
         context = functools.partial(create_selective_checkpoint_contexts, policy)
         return checkpoint(self.module, *args, use_reentrant=False, context_fn=context, **kwargs)
 

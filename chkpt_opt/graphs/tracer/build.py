@@ -115,6 +115,11 @@ class _Builder(OpNodes):
         graph.graph["device_type"] = self.device_type
         graph.graph["param_bytes"] = sum(nbytes(p) for p in params)
         graph.graph["param_elements"] = sum(p.numel() for p in params)
+        # FSDP2 pads every parameter's first dimension to a multiple of the world size.
+        graph.graph["param_shapes"] = [
+            [name, p.shape[0] if p.dim() else 1, p.numel(), p.element_size(), p.requires_grad]
+            for name, p in self.gm.named_parameters()
+        ]
         seen.clear()
         graph.graph["trainable_param_bytes"] = sum(nbytes(p) for p in params if p.requires_grad)
         seen.clear()

@@ -14,6 +14,7 @@ it; the measured peak is the peak of live tensor storages.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -76,6 +77,54 @@ class StorageTracker(TorchDispatchMode):
     def is_tracked(self, tensor: torch.Tensor) -> bool:
         """Whether the storage of ``tensor`` was created under this tracker."""
         return _storage_key(tensor) in self._sizes
+
+
+class ResizingStorageTracker(StorageTracker):
+    """A :class:`StorageTracker` that also sees storages change size in place.
+
+    ``untyped_storage().resize_()`` is no ATen op, so a dispatch mode never sees it; FSDP2
+    allocates and frees its unsharded parameters that way (``alloc_storage``,
+    ``free_storage``). This tracker sums the current size of every storage it tracks at
+    every op (slower: for small models), and ``watch`` adds storages made before it began
+    whose size may change (FSDP2's all-gather outputs of an earlier step, empty between
+    steps).
+    """
+
+    def __init__(self, watch: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self._storages: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        for tensor in watch:
+            storage = tensor.untyped_storage()
+            self._storages[id(storage)] = weakref.ref(storage)
+        self.live_bytes = self.peak_bytes = self._current_bytes()
+
+    def _track(self, tensor: torch.Tensor, inputs: set[int]) -> None:
+        super()._track(tensor, inputs)
+        key = _storage_key(tensor)
+        if key is None or key not in self._sizes:
+            return
+        known = self._storages.get(key)
+        if known is None or known() is None:  # new, or a dead storage's id reused
+            self._storages[key] = weakref.ref(tensor.untyped_storage())
+
+    def _current_bytes(self) -> int:
+        total = 0
+        for key, ref in list(self._storages.items()):
+            storage = ref()
+            if storage is None:
+                del self._storages[key]
+            else:
+                total += storage.nbytes()
+        return total
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.live_bytes = self._current_bytes()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return out
+
+    def _release(self, key: int) -> None:
+        self._sizes.pop(key, None)
 
 
 def _storage_key(tensor: torch.Tensor) -> int | None:
