@@ -311,17 +311,17 @@ def _vgg(
     return net.loss(x, label_bytes=batch * INDEX_BYTES)
 
 
-def vgg16_layers(*, batch: int = 8, image: int = 224, n_classes: int = 1000) -> CostGraph:
+def vgg16_layers(*, batch: int = 32, image: int = 224, n_classes: int = 1000) -> CostGraph:
     """VGG16 (Simonyan and Zisserman, configuration D): 13 convs, 5 pools, 3 FC, loss."""
     return _vgg(f"vgg16_layers_b{batch}_i{image}", VGG16_STAGES, batch, image, n_classes)
 
 
-def vgg19_layers(*, batch: int = 8, image: int = 224, n_classes: int = 1000) -> CostGraph:
+def vgg19_layers(*, batch: int = 32, image: int = 224, n_classes: int = 1000) -> CostGraph:
     """VGG19 (configuration E): 16 convs, 5 pools, 3 FC, loss."""
     return _vgg(f"vgg19_layers_b{batch}_i{image}", VGG19_STAGES, batch, image, n_classes)
 
 
-def fcn8_layers(*, batch: int = 8, image: int = 224, n_classes: int = 21) -> CostGraph:
+def fcn8_layers(*, batch: int = 32, image: int = 224, n_classes: int = 21) -> CostGraph:
     """FCN-8s (Long et al.): VGG16 features, fc6/fc7 as convs, and the head that adds the
     scores of pool4 and pool3 to the upsampled coarse scores (two long skips)."""
     net = _start(f"fcn8_layers_b{batch}_i{image}", batch, image)
@@ -339,7 +339,7 @@ def fcn8_layers(*, batch: int = 8, image: int = 224, n_classes: int = 21) -> Cos
     return net.loss(x, label_bytes=batch * image * image * INDEX_BYTES)
 
 
-def segnet_layers(*, batch: int = 8, image: int = 224, n_classes: int = 21) -> CostGraph:
+def segnet_layers(*, batch: int = 32, image: int = 224, n_classes: int = 21) -> CostGraph:
     """SegNet (Badrinarayanan et al.) without batch norm: a VGG16 encoder whose pools'
     indices are kept until the mirrored decoder's unpools, 13 decoder convs, loss."""
     net = _start(f"segnet_layers_b{batch}_i{image}", batch, image)
@@ -355,7 +355,7 @@ def segnet_layers(*, batch: int = 8, image: int = 224, n_classes: int = 21) -> C
 
 
 def unet_layers(
-    *, batch: int = 8, image: int = 256, n_classes: int = 2, base: int = 64, depth: int = 4
+    *, batch: int = 32, image: int = 256, n_classes: int = 2, base: int = 64, depth: int = 4
 ) -> CostGraph:
     """U-Net (Ronneberger et al., same padding): ``depth`` levels of two convs and a pool,
     two bottleneck convs, then per level an upsample, the concat with the encoder's skip and
