@@ -1,0 +1,81 @@
+"""Checkmate's program (general rematerialization): its optimum never above the cost of any
+schedule that fits (brute force over the general space of tiny graphs), equal to it where
+the spaces coincide, its infeasibility and its time limit kept."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from chkpt_opt.errors import SolverError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.io import load_graph
+from chkpt_opt.graphs.synthetic import chain_graph, random_dag
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers.bounds.general_milp import general_bound
+from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
+from tests.reference.general_enumerate import general_schedules
+
+CORPUS = Path(__file__).resolve().parents[3] / "graphs"
+
+
+def _optima(graph: CostGraph) -> dict[int, float]:
+    """The general brute-force optimum (recompute seconds) at each peak some schedule has."""
+    profiles = [simulate(graph, s, check=False) for s in general_schedules(graph)]
+    peaks = sorted({p.peak_bytes for p in profiles})
+    return {b: min(p.recompute_s for p in profiles if p.peak_bytes <= b) for b in peaks}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_optimum_is_below_the_general_brute_force_optimum(seed: int) -> None:
+    graph = random_dag(4, seed=seed)
+    for budget, best_s in list(_optima(graph).items())[:4]:
+        found = general_bound(graph, budget, time_limit_s=20)
+        assert found.status == "optimal"
+        assert found.bound_s is not None and found.bound_s <= best_s + 1e-12
+        assert found.objective_s is not None and found.objective_s <= best_s + 1e-9
+
+
+def test_on_a_chain_it_equals_the_brute_force_optimum_and_its_schedule_fits() -> None:
+    # every Checkmate schedule of this chain that the program finds is one of ours: the
+    # same cost, and run as Checkmate runs it, a peak within the budget
+    graph = chain_graph(
+        4, activation_bytes=[300, 200, 400, 100], fwd_time_s=[1e-3, 3e-3, 2e-3, 1e-3]
+    )
+    costs = []
+    for budget, best_s in _optima(graph).items():
+        found = general_bound(graph, budget, time_limit_s=20)
+        assert found.objective_s == pytest.approx(best_s, abs=1e-12)
+        assert found.checkmate_peak_bytes is not None and found.checkmate_peak_bytes <= budget
+        costs.append(found.objective_s)
+    assert costs[0] > costs[1] > costs[-1] == 0.0  # the budgets are not all trivial
+
+
+def test_a_budget_below_what_every_step_holds_is_infeasible() -> None:
+    graph = load_graph(CORPUS / "vgg16_layers.json")
+    floor = recompute_bound(graph, 0).floor_bytes
+    found = general_bound(graph, floor // 2, time_limit_s=20)
+    assert found.status == "infeasible" and found.objective_s is None
+    keep_all = simulate(graph, Schedule()).peak_bytes
+    assert general_bound(graph, keep_all, time_limit_s=20).objective_s == 0.0
+
+
+def test_the_time_limit_is_kept_and_recorded() -> None:
+    graph = load_graph(CORPUS / "unet_layers.json")
+    budget = int(0.5 * simulate(graph, Schedule()).peak_bytes)
+    start = time.monotonic()
+    found = general_bound(graph, budget, time_limit_s=2.0)
+    assert time.monotonic() - start < 2.0 + 3.0
+    assert found.time_limit_s == 2.0 and found.solve_s < 5.0
+    assert found.status in ("optimal", "feasible", "timed_out")
+
+
+def test_bad_settings_name_the_value_and_the_fix() -> None:
+    graph = chain_graph(3)
+    with pytest.raises(SolverError, match="backend 'gurobi' is unknown; use one of scip, highs"):
+        general_bound(graph, 10**6, backend="gurobi")
+    with pytest.raises(SolverError, match="time_limit_s = 0 must be > 0"):
+        general_bound(graph, 10**6, time_limit_s=0)
