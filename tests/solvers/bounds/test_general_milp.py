@@ -79,3 +79,29 @@ def test_bad_settings_name_the_value_and_the_fix() -> None:
         general_bound(graph, 10**6, backend="gurobi")
     with pytest.raises(SolverError, match="time_limit_s = 0 must be > 0"):
         general_bound(graph, 10**6, time_limit_s=0)
+
+
+def _mini_segnet() -> CostGraph:
+    """conv -> max-pool (indices) -> unpool by those indices -> conv -> loss, at 32²."""
+    from chkpt_opt.zoo.layer_level import _start  # the layer builder, for a net this small
+
+    net = _start("mini_segnet", 1, 32)
+    pooled = net.pool("pool1", net.conv("conv1", "input", 8))
+    x = net.conv("conv3", net.unpool("unpool1", pooled, pooled), 4, relu=False)
+    return net.loss(x, label_bytes=32 * 32 * 8)
+
+
+@pytest.mark.slow
+def test_a_checkmate_schedule_outside_our_space_is_cheaper_and_fits() -> None:
+    # Checkmate frees conv1's output after the forward and recomputes conv1 alone for
+    # pool1's backward, pool1's indices kept for unpool1's: a saved tensor rebuilt on
+    # unpack. Nested regions and cached ops cannot: a region around conv1 leaves its output
+    # saved by pool1 outside it, and one around conv1 and pool1 recomputes pool1 too.
+    graph = _mini_segnet()
+    budget = 99_480
+    ours = _optima(graph)
+    best_ours = min(s for b, s in ours.items() if b <= budget)
+    found = general_bound(graph, budget, time_limit_s=20)
+    assert {op for _, ops in found.recomputed for op in ops} == {"conv1"}
+    assert found.checkmate_peak_bytes is not None and found.checkmate_peak_bytes <= budget
+    assert found.objective_s is not None and found.objective_s < best_ours * 0.99
