@@ -154,17 +154,34 @@ class _Net:
         c_in, height, width = self.shapes[x]
         shape = (channels, height, width)
         macs = self.elements(shape) * c_in * kernel * kernel
+        weights = (channels * c_in * kernel * kernel, channels)
+        return self._weighted(name, "conv", x, shape, macs, weights, relu=relu, path=path)
+
+    def _weighted(
+        self,
+        name: str,
+        kind: str,
+        x: str,
+        shape: Shape,
+        macs: int,
+        weights: tuple[int, ...],
+        *,
+        relu: bool,
+        path: str,
+    ) -> str:
+        """A conv or linear layer of ``macs`` multiply-adds: saves its input (and, with the
+        ReLU, its output); its backward computes the input's and the weight's gradients."""
         act = self.elements(shape) * (2 if relu else 1)
         return self.add(
             name,
-            "layer.conv_relu" if relu else "layer.conv",
+            f"layer.{kind}_relu" if relu else f"layer.{kind}",
             [x],
             shape,
             fwd_flops=2 * macs + act,
             bwd_flops=4 * macs + act,
             saved_inputs=(x,),
             save_output=relu,
-            weights=(channels * c_in * kernel * kernel, channels),
+            weights=weights,
             module_path=path,
         )
 
@@ -236,20 +253,10 @@ class _Net:
     def linear(self, name: str, x: str, features: int, *, relu: bool = True) -> str:
         """A fully connected layer over the flattened ``x`` (and ReLU)."""
         c_in = self.elements(self.shapes[x]) // self.batch
-        shape = (features, 1, 1)
         macs = self.batch * c_in * features
-        act = self.elements(shape) * (2 if relu else 1)
-        return self.add(
-            name,
-            "layer.linear_relu" if relu else "layer.linear",
-            [x],
-            shape,
-            fwd_flops=2 * macs + act,
-            bwd_flops=4 * macs + act,
-            saved_inputs=(x,),
-            save_output=relu,
-            weights=(features * c_in, features),
-            module_path="classifier",
+        weights = (features * c_in, features)
+        return self._weighted(
+            name, "linear", x, (features, 1, 1), macs, weights, relu=relu, path="classifier"
         )
 
     def loss(self, x: str, *, label_bytes: int) -> CostGraph:
