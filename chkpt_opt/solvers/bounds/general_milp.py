@@ -235,8 +235,37 @@ def general_bound(
     def computed(t: int, s: str) -> pywraplp.Variable | float:
         return r[t].get(d.owner[s], 0.0)
 
+    binaries = sum(map(len, r)) + sum(map(len, s_var))
+
+    def result(
+        status: str,
+        objective_s: float | None = None,
+        bound_s: float | None = None,
+        chosen: frozenset[tuple[int, str]] = frozenset(),
+        peak: int | None = None,
+    ) -> GeneralBound:
+        recomputed = tuple(
+            (stage.name, ops)
+            for t, stage in enumerate(d.stages)
+            if (ops := tuple(i for i in d.order if (t, i) in chosen and i != stage.forward_op))
+        )
+        return GeneralBound(
+            status,
+            objective_s,
+            bound_s,
+            peak,
+            recomputed,
+            time_limit_s,
+            time.monotonic() - start,
+            backend,
+            n_stages,
+            binaries,
+        )
+
     # Constraints.
     for t, stage in enumerate(d.stages):
+        if time.monotonic() - start > time_limit_s:  # building a large program
+            return result("timed_out")
         if stage.forward_op is not None:
             solver.Add(r[t][stage.forward_op] == 1)
         for i, var in r[t].items():
@@ -273,34 +302,7 @@ def general_bound(
     )
 
     # Solve.
-    binaries = sum(map(len, r)) + sum(map(len, s_var))
     remaining_s = time_limit_s - (time.monotonic() - start)
-
-    def result(
-        status: str,
-        objective_s: float | None = None,
-        bound_s: float | None = None,
-        chosen: frozenset[tuple[int, str]] = frozenset(),
-        peak: int | None = None,
-    ) -> GeneralBound:
-        recomputed = tuple(
-            (stage.name, ops)
-            for t, stage in enumerate(d.stages)
-            if (ops := tuple(i for i in d.order if (t, i) in chosen and i != stage.forward_op))
-        )
-        return GeneralBound(
-            status,
-            objective_s,
-            bound_s,
-            peak,
-            recomputed,
-            time_limit_s,
-            time.monotonic() - start,
-            backend,
-            n_stages,
-            binaries,
-        )
-
     if remaining_s <= 0:
         return result("timed_out")
     solver.SetTimeLimit(max(1, int(remaining_s * 1000)))
