@@ -3,7 +3,9 @@
 ``chkpt-opt corpus`` (or :func:`generate_corpus`) traces every entry of :data:`CORPUS` from
 the models' code in :mod:`chkpt_opt.zoo` and writes ``graphs/<name>.json``. Tracing runs on
 fake tensors with deterministic op names and a roofline time model, so the files are the
-same bytes on every run of the same chkpt_opt and torch versions.
+same bytes on every run of the same chkpt_opt and torch versions. The layer-level conv nets
+(family ``layers``: one node per layer, :mod:`chkpt_opt.zoo.layer_level`) are built from
+their layer shapes, without torch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from chkpt_opt import zoo
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.zoo import layer_level
 
 
 @dataclass(frozen=True)
@@ -22,14 +26,15 @@ class CorpusEntry:
 
     Attributes:
         name: file stem, ``<family>_<size>``.
-        family: ``chain``, ``resnet``, ``unet``, ``mobilenet``, ``encoder``, ``decoder``, ``vit``.
-        builder: the zoo function.
+        family: ``chain``, ``resnet``, ``unet``, ``mobilenet``, ``encoder``, ``decoder``, ``vit``,
+            ``layers``.
+        builder: the zoo function: a model to trace, or (family ``layers``) the cost graph.
         settings: its keyword arguments.
     """
 
     name: str
     family: str
-    builder: Callable[..., zoo.Built]
+    builder: Callable[..., zoo.Built] | Callable[..., CostGraph]
     settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,6 +111,10 @@ CORPUS: tuple[CorpusEntry, ...] = (
         zoo.vit,
         {"n_layer": 12, "d_model": 384, "n_head": 6, "image": 64, "patch": 8, "batch": 16},
     ),
+    *(
+        CorpusEntry(f"{name}_layers", "layers", builder)
+        for name, builder in layer_level.LAYER_GRAPHS.items()
+    ),
 )
 
 
@@ -140,8 +149,12 @@ def generate_corpus(
     for k, entry in enumerate(entries):
         if progress is not None:
             progress(k, len(entries), entry.name)
-        model, args, kwargs = entry.builder(**entry.settings)
-        graph = trace_model(model, args, kwargs, name=entry.name).graph
+        if entry.family == "layers":
+            graph = entry.builder(**entry.settings)
+            graph.graph["name"] = entry.name
+        else:
+            model, args, kwargs = entry.builder(**entry.settings)
+            graph = trace_model(model, args, kwargs, name=entry.name).graph
         graph.graph["family"] = entry.family
         path = out / f"{entry.name}.json"
         save_graph(graph, path)

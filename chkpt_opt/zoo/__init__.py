@@ -6,7 +6,9 @@ Every builder returns ``(model, example_args, example_kwargs)`` with random weig
 The builders live by family: :mod:`~chkpt_opt.zoo.transformers` (gpt, encoder, vit,
 hf_gpt2), :mod:`~chkpt_opt.zoo.convnets` (resnet, unet, vgg, mobilenet),
 :mod:`~chkpt_opt.zoo.chains` (mlp, relu_chain); :mod:`~chkpt_opt.zoo.common` has ``Built`` and the
-parameter counts. All of them are importable from here. Hugging Face families built from
+parameter counts. All of them are importable from here. :mod:`~chkpt_opt.zoo.layer_level` builds
+layer-level cost graphs of conv nets (VGG16/19, FCN-8, SegNet, U-Net) from layer shapes,
+without a model. Hugging Face families built from
 configs (Llama, GPT-2, BERT, T5, ViT, Mixtral) are in :mod:`~chkpt_opt.zoo.huggingface`
 (``chkpt_opt.zoo.huggingface:llama`` as a model spec; they need ``transformers``).
 

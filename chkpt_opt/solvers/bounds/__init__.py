@@ -5,6 +5,9 @@
   caching) at a budget, and a floor under every schedule's peak;
 * :mod:`~chkpt_opt.solvers.bounds.reductions`: exact reductions of the every-cut interval
   program from an incumbent (cost cap, reduced-cost fixing from its LP relaxation's bound);
+* :mod:`~chkpt_opt.solvers.bounds.general_milp`: Checkmate's MILP over per-op recompute
+  decisions per stage (general rematerialization), its memory rows counting only what every
+  execution of the same decisions holds: a lower bound over every schedule PyTorch runs;
 * :mod:`~chkpt_opt.solvers.bounds.lowest_peak`: the lowest-peak keep-set schedule of a
   prepared graph, proven lowest when the program holds every cut and the engine finishes.
 
