@@ -23,7 +23,7 @@ programs, sweeps, chain DP and polish are :mod:`~chkpt_opt.solvers.blocks.option
 module cuts the graph, runs the phases and judges the result. Nothing here is registered:
 solver ``hierarchical`` (:mod:`chkpt_opt.solvers.blocks.hierarchical`) runs it on its own, and the
 pruned search takes it as part of its incumbent
-(:func:`chkpt_opt.solvers.keepset.warm_start.incumbent`).
+(:func:`chkpt_opt.solvers.keepset.warm_start.block_incumbent`).
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from chkpt_opt.solvers.keepset.warm_start import block_incumbent, hint_ids, quic
 log = logging.getLogger(__name__)
 
 ENGINES = (*BACKENDS, "cpsat")
+"""What solves the pruned program: a MILP backend, or CP-SAT (at linearization level 2)."""
 EXACT_BUILD_TERMS_PER_S = 5e5
 """Program terms (:func:`~chkpt_opt.solvers.interval.program.count_terms`) the program and
 its LP relaxation are built at, per second: 0.41-0.70 million measured on graphs of 106-298
@@ -63,7 +64,6 @@ ops (0.26-5.3 million terms) on 2 shared cores. Where the terms cannot be built 
 in the time left, the exact phase is skipped and the block search gets that time: a padded
 4-layer Llama (323 ops, 34 million terms, mostly hold rows) builds neither its program nor
 the LP in a minute, and its block search reaches in 13 s a schedule 6% cheaper than in 5."""
-"""What solves the pruned program: a MILP backend, or CP-SAT (at linearization level 2)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,7 @@ class PrunedSearch:
         try:
             cap = cost_cap(best.objective) if best.feasible else None
             model = build_interval_model(graph, max_cost_s=cap, deadline=build_deadline)
+            model_s = time.perf_counter() - t0
         except DeadlineExceeded as err:
             log.info("pruned: %s Returning the incumbent.", err)
             stats["build_timed_out"] = True
@@ -154,7 +155,6 @@ class PrunedSearch:
                     f"second builds in the {left or 0.0:.1f} s that were left"
                 )
             return self._incumbent_result(graph, best, budget_bytes, deadline, stats, solver)
-        model_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
             cap = cost_cap(best.objective) if best.feasible else None

@@ -64,12 +64,3 @@ def block_incumbent(
     except SolverError as err:
         log.info("block-search incumbent refused: %s", err)
         return None
-
-
-def incumbent(graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None) -> SolveResult:
-    """The best of :func:`quick_incumbent` and :func:`block_incumbent`, within
-    ``time_limit_s`` together (the block search gets what the quick ones leave)."""
-    deadline = Deadline.after(time_limit_s)
-    quick = quick_incumbent(graph, budget_bytes, time_limit_s=time_limit_s)
-    blocks = block_incumbent(graph, budget_bytes, time_limit_s=deadline.remaining_s())
-    return quick if blocks is None else best_of([quick, blocks])

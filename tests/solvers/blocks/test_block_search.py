@@ -11,12 +11,12 @@ import pytest
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import get_solver
 from chkpt_opt.solvers.blocks.repeated import find_blocks
 from chkpt_opt.solvers.blocks.search import BlockSearch
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.keepset.bound_rounding import bound_rounding
-from chkpt_opt.solvers.keepset.warm_start import incumbent
 from tests.conftest import assert_valid_result
 
 pytest.importorskip("transformers")
@@ -77,8 +77,10 @@ def test_the_pruned_search_incumbent_is_the_best_of_its_warm_starts(
     rounded = bound_rounding(t5_graph, budget)
     assert_valid_result(t5_graph, rounded, budget)
     greedy = greedy_sweep(t5_graph, budget, time_limit_s=None)
-    best = incumbent(t5_graph, budget, time_limit_s=8)
+    best = get_solver("pruned")(t5_graph, budget, time_limit_s=8)
     assert_valid_result(t5_graph, best, budget)
+    incumbent_s = best.stats["incumbent_s"]
     for start in (rounded, greedy):
         if start.feasible:
             assert best.feasible and best.objective <= start.objective + 1e-15
+            assert incumbent_s is not None and incumbent_s <= start.objective + 1e-15
