@@ -36,3 +36,20 @@ def gathered_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 def close(predicted: int, measured: int) -> bool:
     """Whether ``predicted`` is within :data:`TOLERANCE` of ``measured``."""
     return abs(predicted - measured) <= TOLERANCE * measured
+
+
+def layerwise_facts(name: str, model: torch.nn.Module) -> dict[str, object]:
+    """What the layer-wise attachment on ``model`` planned, keyed ``<name>_<fact>``: the
+    layers it checkpoints, its predicted per-rank peak, their policies, the extra compute
+    and its summary (read back by the test process)."""
+    import chkpt_opt
+
+    attached = chkpt_opt.attachment_of(model)
+    assert attached is not None, f"{name}: optimize() attached nothing"
+    return {
+        f"{name}_layers": list(attached.layer_paths),  # type: ignore[attr-defined]
+        f"{name}_predicted": attached.predicted_peak_bytes,  # type: ignore[attr-defined]
+        f"{name}_policies": attached.policies,  # type: ignore[attr-defined]
+        f"{name}_overhead": attached.overhead,  # type: ignore[attr-defined]
+        f"{name}_summary": attached.summary(),
+    }

@@ -16,7 +16,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.attachment.rank_memory import close, gathered_buffers, local_bytes
+from tests.attachment.rank_memory import (
+    close,
+    gathered_buffers,
+    layerwise_facts,
+    local_bytes,
+)
 from tests.attachment.tiny_models import tiny_llama
 
 transformers = pytest.importorskip("transformers")
@@ -81,12 +86,7 @@ def _ranks_steps(rank: int, store: str, out: str, budget: int) -> None:
                 outputs_held=False,  # the loop below keeps the loss alone
                 selective_layers=selective,
             )
-            attached = chkpt_opt.attachment_of(contenders[name])
-            result[f"{name}_layers"] = list(attached.layer_paths)  # type: ignore[union-attr]
-            result[f"{name}_predicted"] = attached.predicted_peak_bytes  # type: ignore[union-attr]
-            result[f"{name}_policies"] = attached.policies  # type: ignore[union-attr]
-            result[f"{name}_overhead"] = attached.overhead  # type: ignore[union-attr]
-            result[f"{name}_summary"] = attached.summary()  # type: ignore[union-attr]
+            result.update(layerwise_facts(name, contenders[name]))
         states = {}
         for name, model in contenders.items():
             for layer in model.model.layers:

@@ -16,7 +16,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.attachment.rank_memory import close, gathered_buffers, local_bytes
+from tests.attachment.rank_memory import (
+    close,
+    gathered_buffers,
+    layerwise_facts,
+    local_bytes,
+)
 
 WORLD = 2
 
@@ -120,12 +125,7 @@ def _stack_ranks(rank: int, store: str, out: str) -> None:
         selective = chkpt_opt.optimize(_Stack(), (x,), selective_layers=True, **settings)  # type: ignore[arg-type]
         result: dict[str, object] = {"budget": budget, "original_predicted": original_predicted}
         for name, model in (("planned", planned), ("selective", selective)):
-            attached = chkpt_opt.attachment_of(model)
-            result[f"{name}_layers"] = list(attached.layer_paths)  # type: ignore[union-attr]
-            result[f"{name}_predicted"] = attached.predicted_peak_bytes  # type: ignore[union-attr]
-            result[f"{name}_policies"] = attached.policies  # type: ignore[union-attr]
-            result[f"{name}_overhead"] = attached.overhead  # type: ignore[union-attr]
-            result[f"{name}_summary"] = attached.summary()  # type: ignore[union-attr]
+            result.update(layerwise_facts(name, model))
         grads = {}
         for name, model in (("original", original), ("planned", planned), ("selective", selective)):
             for layer in model.layers:
