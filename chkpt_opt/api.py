@@ -37,7 +37,10 @@ from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement import trace_and_measure
+from chkpt_opt.measurement.driver import MEASURED
 from chkpt_opt.measurement.step import device_of
+from chkpt_opt.measurement.timed_choice import describe as describe_timed_choice
+from chkpt_opt.measurement.timed_choice import prepare_choice, with_timed_choice
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.sharding import (
@@ -223,13 +226,16 @@ class Plan:
             + f" in {r.solve_s:.2f}s"
             + _beyond_keep_set_note(r),
         ]
-        return "\n".join(lines)
+        return "\n".join([*lines, describe_timed_choice(r.stats)]).rstrip("\n")
 
 
 def _beyond_keep_set_note(result: SolveResult) -> str:
     """What a schedule from beyond keep-set beat: the keep-set result, and whether that
     one was proven optimal (the gap above is the recompute bound's, over every schedule)."""
     keep = result.stats.get("keep_set")
+    timed = result.stats.get("timed_choice")
+    if isinstance(timed, dict) and timed.get("chosen") != "plan":
+        return ""  # the solver's schedule lost to a layout when timed: see that line
     if not isinstance(keep, dict) or not keep.get("objective_s") or not result.feasible:
         return ""
     if keep.get("status") not in ("optimal", "feasible"):  # no keep-set schedule fit
@@ -321,6 +327,7 @@ def plan_traced(
     optimizer: OptimizerArg = "adamw",
     time_limit_s: float | None = None,
     sharding: Sharding | None = None,
+    timed_choice: bool | None = None,
 ) -> Plan:
     """:func:`plan` for a model already traced: the budget split, the solve and the
     simulation of its schedule, on ``traced.graph`` as it is (measure it first through
@@ -329,22 +336,35 @@ def plan_traced(
     smallest feasible budget when the budget cannot be met); ``sharding`` as in
     :func:`plan`.
 
+    ``timed_choice``: time the solver's schedule against the model's own checkpointing
+    layouts that fit the budget and keep the fastest
+    (:mod:`chkpt_opt.measurement.timed_choice`; ``result.stats["timed_choice"]``). By
+    default on where it means something: solver ``auto``, op times measured on the
+    model's device, one device (no ``sharding``).
+
     Raises:
         BudgetError, InfeasibleBudgetError: as :func:`plan`.
     """
     start = time.perf_counter()
 
-    def left_s() -> float | None:
+    def left_s(reserved_s: float = 0.0) -> float | None:
         if time_limit_s is None:
             return None
-        return max(1.0, time_limit_s - (time.perf_counter() - start))
+        return max(1.0, time_limit_s - reserved_s - (time.perf_counter() - start))
 
     graph = traced.graph
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer, sharding=sharding)
     graph = per_rank_graph(graph, sharding)
-    result = get_solver(solver)(graph, act, time_limit_s=left_s())
+    if timed_choice is None:
+        cost_model = str(graph.graph.get("cost_model", ""))
+        timed_choice = solver == "auto" and sharding is None and cost_model.startswith(MEASURED)
+    layouts, rounds, reserved_s = (
+        prepare_choice(graph, act, time_limit_s=time_limit_s) if timed_choice else ({}, 0, 0.0)
+    )
+    result = get_solver(solver)(graph, act, time_limit_s=left_s(reserved_s))
     if not result.feasible:
         raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s())
+    result = with_timed_choice(traced, graph, result, layouts, rounds)
     return Plan(
         graph=graph,
         result=result,

@@ -11,7 +11,9 @@
 * :mod:`~chkpt_opt.measurement.step`: one real training step, its peak memory and time
   (what ``validate`` and the benchmarks compare predictions with);
 * :mod:`~chkpt_opt.measurement.module_state`: buffers, gradients and RNG kept across a
-  measuring run.
+  measuring run;
+* :mod:`~chkpt_opt.measurement.timed_choice`: the plan timed against the model's own
+  checkpointing layouts that fit its budget; the faster runs.
 
 It sits above the tracer and codegen (region costs run rewritten modules) and below the
 api, the attachment, validation and export.

@@ -1,0 +1,235 @@
+"""The plan against the model's own checkpointing, timed: the faster one runs.
+
+A plan is worth nothing to its user if it runs slower than the one line the model already
+has (``gradient_checkpointing_enable()``: a region per layer). The cost model charges
+regions what they were measured to cost on a small chain
+(:mod:`~chkpt_opt.measurement.region_costs`), yet on a model the backward replays a region's
+ops at 1.3-1.5x their forward times and each region adds more to the forward pass than it
+is charged (``python benchmarks/region_cost.py --device cpu``, docs/limits.md). So where two
+schedules are within that error of each other, only running them tells which is faster:
+on the padded Llama of ``benchmarks/padded.py`` the plan that the model predicts 1.4%
+cheaper than a region per layer ran at 1.005 ± 0.015 of its step time.
+
+:func:`fitting_layouts` names the model's own layouts (:func:`chkpt_opt.own_layouts.own_layouts`)
+that fit the activation budget; :func:`fastest` steps every candidate's rewrite on the
+traced example inputs, round-robin (the order rotates each round, the first round warms
+up), and returns the candidate whose median per-round time ratio to the first candidate
+(the plan) is lowest, the plan on a tie. The model's buffers, gradients and RNG state are
+restored afterwards (:func:`~chkpt_opt.measurement.module_state.preserved_state`).
+
+:func:`chkpt_opt.api.plan_traced` runs it after ``auto`` on graphs whose op times were
+measured, with the time it reserves from the limit (:func:`reserve_s`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from chkpt_opt.codegen import rewrite_module
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.tracer import Traced
+from chkpt_opt.measurement.module_state import preserved_state
+from chkpt_opt.measurement.step import time_step
+from chkpt_opt.own_layouts import own_layouts
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers.base import SolveResult, SolveStatus
+
+TIMED_ROUNDS = 5
+"""Rounds timed after the warm-up round."""
+
+MIN_ROUNDS = 3
+"""Fewer rounds than this tell nothing on a shared machine: the choice is not made."""
+
+RESERVE_SHARE = 0.25
+"""At most this share of a time limit goes to timing the candidates."""
+
+STEP_OVERHEAD = 1.5
+"""A step's wall time against the sum of its ops' measured times (the Python around
+them, the autograd engine): what :func:`reserve_s` multiplies by."""
+
+PLAN = "plan"
+"""The name of the solver's schedule among the candidates."""
+
+Timer = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any]], float]
+
+
+@dataclass(frozen=True)
+class TimedChoice:
+    """Which candidate ran fastest.
+
+    Attributes:
+        chosen: the candidate's name.
+        ratios: each candidate's median per-round step time over the first candidate's.
+        rounds: rounds timed (after the warm-up).
+        seconds: wall time the choice took, warm-up included.
+    """
+
+    chosen: str
+    ratios: Mapping[str, float]
+    rounds: int
+    seconds: float
+
+    def as_stats(self) -> dict[str, Any]:
+        """The JSON-ready form that ``SolveResult.stats["timed_choice"]`` holds."""
+        return {
+            "chosen": self.chosen,
+            "ratios": {k: round(v, 4) for k, v in self.ratios.items()},
+            "rounds": self.rounds,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def fitting_layouts(graph: CostGraph, budget_bytes: int) -> dict[str, Schedule]:
+    """The model's own layouts whose simulated peak fits ``budget_bytes``, by name."""
+    return {
+        name: layout
+        for name, layout in own_layouts(graph).items()
+        if simulate(graph, layout).peak_bytes <= budget_bytes
+    }
+
+
+def reserve_s(graph: CostGraph, layouts: Mapping[str, Schedule], rounds: int) -> float:
+    """Seconds that timing the plan and ``layouts`` over ``rounds`` rounds (and the warm-up)
+    is expected to take: every step is the graph's forward and backward op times plus the
+    layout's recomputation (the plan's is taken as the costliest layout's), times
+    :data:`STEP_OVERHEAD`."""
+    if not layouts:
+        return 0.0
+    attrs = graph.nodes
+    base_s = sum(attrs[n]["fwd_time_s"] + attrs[n]["bwd_time_s"] for n in graph.nodes)
+    recompute = [simulate(graph, s).recompute_s for s in layouts.values()]
+    steps_s = sum(base_s + r for r in recompute) + base_s + max(recompute)
+    return STEP_OVERHEAD * (rounds + 1) * steps_s
+
+
+def rounds_within(graph: CostGraph, layouts: Mapping[str, Schedule], limit_s: float) -> int:
+    """The most rounds (at most :data:`TIMED_ROUNDS`) whose :func:`reserve_s` fits
+    :data:`RESERVE_SHARE` of ``limit_s``; 0 where fewer than :data:`MIN_ROUNDS` fit."""
+    for rounds in range(TIMED_ROUNDS, MIN_ROUNDS - 1, -1):
+        if reserve_s(graph, layouts, rounds) <= RESERVE_SHARE * limit_s:
+            return rounds
+    return 0
+
+
+def fastest(
+    traced: Traced,
+    graph: CostGraph,
+    candidates: Mapping[str, Schedule],
+    *,
+    rounds: int = TIMED_ROUNDS,
+    timer: Timer = time_step,
+) -> TimedChoice:
+    """Times a step of each candidate's rewrite of ``traced`` on its example inputs (see
+    the module docstring) and returns the fastest.
+
+    Args:
+        traced: the traced model (its capture and example inputs).
+        graph: the graph the candidates were made for (``traced.graph``, or the graph a
+            solver saw, e.g. with the step's outputs dropped).
+        candidates: schedules by name, the reference (the plan) first.
+        rounds: rounds timed after one warm-up round.
+        timer: seconds of one step of a module on inputs (the default runs
+            :func:`~chkpt_opt.measurement.step.time_step`).
+
+    Raises:
+        ValueError: no candidate, or ``rounds`` below 1.
+    """
+    if not candidates:
+        raise ValueError("candidates is empty; pass the plan's schedule at least")
+    if rounds < 1:
+        raise ValueError(f"rounds = {rounds} must be >= 1")
+    names = list(candidates)
+    timing_start = _now()
+    modules = {
+        name: rewrite_module(traced.captured.fresh_module(), graph, candidates[name])
+        for name in names
+    }
+    params = list(traced.captured.module.parameters())
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    with preserved_state(traced.captured.module):
+        for i in range(rounds + 1):
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                for p in params:
+                    p.grad = None
+                elapsed = timer(modules[name], traced.args, traced.kwargs)
+                if i > 0:
+                    samples[name].append(elapsed)
+    reference = samples[names[0]]
+    ratios = {
+        name: statistics.median(a / b for a, b in zip(samples[name], reference, strict=True))
+        for name in names
+    }
+    chosen = min(names, key=lambda name: (ratios[name], names.index(name)))
+    return TimedChoice(chosen, ratios, rounds, _now() - timing_start)
+
+
+def prepare_choice(
+    graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None
+) -> tuple[dict[str, Schedule], int, float]:
+    """What a timed choice after the solve needs before it: the layouts that fit, the
+    rounds that the time limit leaves room for, and the seconds to reserve for them (no
+    layout, or no room: ``({}, 0, 0.0)``)."""
+    layouts = fitting_layouts(graph, budget_bytes)
+    if not layouts:
+        return {}, 0, 0.0
+    rounds = TIMED_ROUNDS if time_limit_s is None else rounds_within(graph, layouts, time_limit_s)
+    if rounds == 0:
+        return {}, 0, 0.0
+    return layouts, rounds, reserve_s(graph, layouts, rounds)
+
+
+def with_timed_choice(
+    traced: Traced,
+    graph: CostGraph,
+    result: SolveResult,
+    layouts: Mapping[str, Schedule],
+    rounds: int,
+    *,
+    timer: Timer = time_step,
+) -> SolveResult:
+    """``result`` if its schedule ran fastest against the ``layouts`` that differ from it,
+    else the result of the fastest layout: its simulated peak and recomputation, status
+    ``feasible`` (the solver's bound still holds; the layout is not its proven optimum).
+    Either way ``stats["timed_choice"]`` says what was timed (:class:`TimedChoice`)."""
+    others = {name: s for name, s in layouts.items() if s != result.schedule}
+    if not others or rounds < 1:
+        return result
+    choice = fastest(traced, graph, {PLAN: result.schedule, **others}, rounds=rounds, timer=timer)
+    stats = {**result.stats, "timed_choice": choice.as_stats()}
+    if choice.chosen == PLAN:
+        return dataclasses.replace(result, stats=stats)
+    profile = simulate(graph, others[choice.chosen])
+    return dataclasses.replace(
+        result,
+        schedule=others[choice.chosen],
+        status=SolveStatus.FEASIBLE,
+        objective=profile.recompute_s,
+        peak_bytes=profile.peak_bytes,
+        stats=stats,
+    )
+
+
+def describe(stats: Mapping[str, Any]) -> str:
+    """One line on the timed choice a result's ``stats`` record (empty where none ran)."""
+    timed = stats.get("timed_choice")
+    if not isinstance(timed, Mapping):
+        return ""
+    ratios = ", ".join(f"{name} {ratio:.3f}" for name, ratio in timed["ratios"].items())
+    kept = "the solver's schedule" if timed["chosen"] == PLAN else f"the layout {timed['chosen']!r}"
+    return (
+        f"timed against the model's own checkpointing ({timed['rounds']} rounds, step time "
+        f"over the plan's: {ratios}): {kept} runs"
+    )
+
+
+def _now() -> float:
+    return time.perf_counter()
