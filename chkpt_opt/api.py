@@ -37,10 +37,15 @@ from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement import trace_and_measure
-from chkpt_opt.measurement.driver import MEASURED
 from chkpt_opt.measurement.step import device_of
+from chkpt_opt.measurement.timed_choice import (
+    TIMED_ROUNDS,
+    fitting_layouts,
+    prepare_choice,
+    wanted,
+    with_timed_choice,
+)
 from chkpt_opt.measurement.timed_choice import describe as describe_timed_choice
-from chkpt_opt.measurement.timed_choice import prepare_choice, with_timed_choice
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.sharding import (
@@ -129,6 +134,19 @@ class Plan:
         plan = self.for_compile() if for_compile else self
         module = plan.traced.captured.fresh_module()
         return rewrite_module(module, plan.graph, plan.schedule, for_compile=for_compile)
+
+    def timed(self, *, rounds: int = TIMED_ROUNDS) -> Plan:
+        """This plan timed against the model's own checkpointing layouts that fit its
+        budget, on its example inputs (:mod:`chkpt_opt.measurement.timed_choice`): itself
+        where it ran fastest or nothing else fits, else the plan of the fastest layout;
+        ``result.stats["timed_choice"]`` says what was timed. Takes ``rounds`` + 1 steps
+        of each candidate, with no time limit (``plan_traced`` fits them into its own)."""
+        layouts = fitting_layouts(self.graph, self.activation_budget_bytes)
+        result = with_timed_choice(self.traced, self.graph, self.result, layouts, rounds)
+        if result.schedule == self.schedule:
+            return dataclasses.replace(self, result=result)
+        profile = simulate(self.graph, result.schedule)
+        return dataclasses.replace(self, result=result, profile=profile, _compiled=None)
 
     def for_compile(self, *, time_limit_s: float | None = None) -> Plan:
         """The plan that the compiled step runs: this plan when its regions do not nest
@@ -356,8 +374,7 @@ def plan_traced(
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer, sharding=sharding)
     graph = per_rank_graph(graph, sharding)
     if timed_choice is None:
-        cost_model = str(graph.graph.get("cost_model", ""))
-        timed_choice = solver == "auto" and sharding is None and cost_model.startswith(MEASURED)
+        timed_choice = wanted(graph, solver=solver, sharded=sharding is not None)
     layouts, rounds, reserved_s = (
         prepare_choice(graph, act, time_limit_s=time_limit_s) if timed_choice else ({}, 0, 0.0)
     )

@@ -88,7 +88,9 @@ def optimize(
             included, so plans are fast where they run (the schedule may then differ from
             run to run by the timing noise); False: the roofline estimate, deterministic.
         time_limit_s: time limit of each solve (the first batch, and any larger or new
-            signature), tracing included.
+            signature), tracing included. Where the model's own layer checkpointing fits
+            the budget too, the solved plan is then timed against it on that batch and
+            the faster kept (``Plan.timed``: six steps of each, beyond this limit).
         plan_dir: a folder where plans are kept across restarts (keyed by the graph's
             fingerprint, the settings and the versions), so a resumed job does not solve
             again.

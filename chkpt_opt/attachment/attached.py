@@ -48,6 +48,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.measurement import measure_traced, trace_and_measure
+from chkpt_opt.measurement.timed_choice import wanted
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.sharding import Sharding, per_rank_graph
 from chkpt_opt.simulate import simulate
@@ -359,7 +360,11 @@ class Attachment:
             optimizer=self.optimizer,
             time_limit_s=self.time_limit_s,
             sharding=self.sharding,
+            timed_choice=False,
         )
+        if wanted(made.graph, solver=self.solver, sharded=self.sharding is not None):
+            # beyond the solve's limit: a few steps of each layout that fits, on this batch
+            made = made.timed()
         self.stats.solve_s += time.perf_counter() - start
         log.info("chkpt_opt plan for %s:\n%s", type(self.model).__name__, made.summary())
         if self.plan_dir is not None:

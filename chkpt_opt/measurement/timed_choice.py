@@ -24,6 +24,7 @@ measured, with the time it reserves from the limit (:func:`reserve_s`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -35,6 +36,7 @@ import torch
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced
+from chkpt_opt.measurement.driver import MEASURED
 from chkpt_opt.measurement.module_state import preserved_state
 from chkpt_opt.measurement.step import time_step
 from chkpt_opt.own_layouts import own_layouts
@@ -54,6 +56,8 @@ RESERVE_SHARE = 0.25
 STEP_OVERHEAD = 1.5
 """A step's wall time against the sum of its ops' measured times (the Python around
 them, the autograd engine): what :func:`reserve_s` multiplies by."""
+
+log = logging.getLogger(__name__)
 
 PLAN = "plan"
 """The name of the solver's schedule among the candidates."""
@@ -172,6 +176,14 @@ def fastest(
     return TimedChoice(chosen, ratios, rounds, _now() - timing_start)
 
 
+def wanted(graph: CostGraph, *, solver: str, sharded: bool) -> bool:
+    """Whether a plan is timed by default: made by ``auto`` (a named solver returns its own
+    schedule, for those comparing solvers), on op times measured on the model's device (a
+    roofline plan is meant to be deterministic), on one device."""
+    cost_model = str(graph.graph.get("cost_model", ""))
+    return solver == "auto" and not sharded and cost_model.startswith(MEASURED)
+
+
 def prepare_choice(
     graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None
 ) -> tuple[dict[str, Schedule], int, float]:
@@ -200,8 +212,15 @@ def with_timed_choice(
     else the result of the fastest layout: its simulated peak and recomputation, status
     ``feasible`` (the solver's bound still holds; the layout is not its proven optimum).
     Either way ``stats["timed_choice"]`` says what was timed (:class:`TimedChoice`)."""
+    same = [name for name, s in layouts.items() if s == result.schedule]
     others = {name: s for name, s in layouts.items() if s != result.schedule}
+    if same and not others:  # nothing to time: the plan is the model's own layout
+        untimed = {"chosen": PLAN, "equals": same[0], "ratios": {}, "rounds": 0, "seconds": 0.0}
+        return dataclasses.replace(result, stats={**result.stats, "timed_choice": untimed})
     if not others or rounds < 1:
+        log.debug(
+            "timed choice: no other layout of the model's own fits %d bytes", result.budget_bytes
+        )
         return result
     choice = fastest(traced, graph, {PLAN: result.schedule, **others}, rounds=rounds, timer=timer)
     stats = {**result.stats, "timed_choice": choice.as_stats()}
@@ -223,6 +242,8 @@ def describe(stats: Mapping[str, Any]) -> str:
     timed = stats.get("timed_choice")
     if not isinstance(timed, Mapping):
         return ""
+    if timed.get("equals"):
+        return f"the plan is the model's own checkpointing layout {timed['equals']!r}"
     ratios = ", ".join(f"{name} {ratio:.3f}" for name, ratio in timed["ratios"].items())
     kept = "the solver's schedule" if timed["chosen"] == PLAN else f"the layout {timed['chosen']!r}"
     return (

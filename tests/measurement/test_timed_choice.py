@@ -5,6 +5,7 @@ depends on this machine's speed."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from chkpt_opt.measurement.timed_choice import (
     MIN_ROUNDS,
     PLAN,
     TIMED_ROUNDS,
+    describe,
     fastest,
     fitting_layouts,
     prepare_choice,
@@ -144,3 +146,36 @@ def test_plan_times_only_auto_on_measured_op_times(llama: Any) -> None:
     assert asked.profile.peak_bytes <= asked.activation_budget_bytes
     assert "timed against the model's own checkpointing (5 rounds" in asked.summary()
     assert "timed against" not in roofline.summary()
+
+
+def test_a_plan_timed_after_its_solve_keeps_its_budget(llama: Any) -> None:
+    # what the attachment runs after each solve, beyond the solve's limit
+    layers = own_layouts(llama.graph)["layers"]
+    keep_all = plan_traced(llama, budget=10**12, optimizer=None, solver="keep_all")
+    budget = keep_all.static.resident_bytes + int(simulate(llama.graph, layers).peak_bytes * 1.15)
+    made = plan_traced(llama, budget=budget, optimizer=None, solver="greedy")
+    timed = made.timed(rounds=2)
+    chosen = timed.result.stats["timed_choice"]["chosen"]
+    expected = (
+        made.schedule
+        if chosen == PLAN
+        else fitting_layouts(made.graph, made.activation_budget_bytes)[chosen]
+    )
+    assert timed.schedule == expected
+    assert timed.profile == simulate(made.graph, expected)
+    assert timed.predicted_peak_bytes <= budget
+
+
+def test_a_plan_that_is_the_models_own_layout_is_not_timed(llama: Any) -> None:
+    graph = llama.graph
+    result, _ = _greedy_above_layers(llama)
+    layers = own_layouts(graph)["layers"]
+    same = dataclasses.replace(result, schedule=layers)
+
+    def never(*_: Any) -> float:
+        raise AssertionError("nothing to time")
+
+    told = with_timed_choice(llama, graph, same, {"layers": layers}, 3, timer=never)
+    assert told.schedule == layers
+    assert told.stats["timed_choice"]["equals"] == "layers"
+    assert describe(told.stats) == "the plan is the model's own checkpointing layout 'layers'"
