@@ -179,9 +179,12 @@ def fastest(
 def wanted(graph: CostGraph, *, solver: str, sharded: bool) -> bool:
     """Whether a plan is timed by default: made by ``auto`` (a named solver returns its own
     schedule, for those comparing solvers), on op times measured on the model's device (a
-    roofline plan is meant to be deterministic), on one device."""
+    roofline plan is meant to be deterministic), on one device and outside a process group
+    (ranks timed apart could pick different schedules, and a backward run inside DDP's
+    forward would meet its gradient hooks)."""
     cost_model = str(graph.graph.get("cost_model", ""))
-    return solver == "auto" and not sharded and cost_model.startswith(MEASURED)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return solver == "auto" and not sharded and not distributed and cost_model.startswith(MEASURED)
 
 
 def prepare_choice(
