@@ -199,13 +199,21 @@ class AutoSolver:
                 deadline=deadline.share(BOUND_SHARE + ROUNDING_SHARE),
             )
         keep_deadline = deadline.share(1.0 - self.general_share)
-        keep = self._keep_set(graph, budget_bytes, keep_deadline, cover)
+        keep = self._keep_set(graph, budget_bytes, keep_deadline, cover, whole=deadline)
         return _beyond_keep_set(graph, budget_bytes, keep, rounded, deadline, cover, self.nesting)
 
     def _keep_set(
-        self, graph: CostGraph, budget_bytes: int, deadline: Deadline, cover: RecomputeBound
+        self,
+        graph: CostGraph,
+        budget_bytes: int,
+        deadline: Deadline,
+        cover: RecomputeBound,
+        *,
+        whole: Deadline | None = None,
     ) -> SolveResult:
-        """The best keep-set result; ``cover``'s bound counts beside the solvers' own."""
+        """The best keep-set result; ``cover``'s bound counts beside the solvers' own. The
+        stages end at ``deadline``, but the pruned search's block search, where it skips
+        the exact phase, runs to ``whole`` (the limit of the whole solve)."""
         results: list[SolveResult] = []
         stages: list[list[str]] = [[name] for name in self.solvers]
         if self.exact:
@@ -223,9 +231,12 @@ class AutoSolver:
             result = None
             for name in stage:  # the first solver of the stage that accepts the graph
                 try:
-                    result = get_solver(name)(
-                        graph, budget_bytes, time_limit_s=deadline.remaining_s()
-                    )
+                    if name == "pruned" and whole is not None:
+                        solver = get_solver(name, exact_share=_exact_share(deadline, whole))
+                        limit_s = whole.remaining_s()
+                    else:
+                        solver, limit_s = get_solver(name), deadline.remaining_s()
+                    result = solver(graph, budget_bytes, time_limit_s=limit_s)
                     break
                 except SolverError as err:
                     errors[name] = str(err)
@@ -280,6 +291,17 @@ class AutoSolver:
             proves_infeasible=status == SolveStatus.INFEASIBLE and proven_infeasible,
         )
         return final
+
+
+def _exact_share(deadline: Deadline, whole: Deadline) -> float:
+    """The pruned search's ``exact_share`` when it runs to ``whole``: its exact phase ends
+    at ``deadline`` (the keep-set stages'), and where it skips that phase its block search,
+    then the whole keep-set result, runs to ``whole``: it gets the time it has alone, less
+    what ran before it, and the searches beyond keep-set get what it leaves."""
+    keep_s, whole_s = deadline.remaining_s(), whole.remaining_s()
+    if keep_s is None or whole_s is None or whole_s <= 0.0:
+        return 1.0
+    return min(1.0, keep_s / whole_s)
 
 
 def _log_stage(result: SolveResult, deadline: Deadline) -> None:

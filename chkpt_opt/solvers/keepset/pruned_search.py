@@ -21,10 +21,13 @@ model) is a proven bound. The incumbent comes from the greedy heuristic and, on 
 repeated blocks, the hierarchical solver with a share of the time limit (it is usually within
 a few percent of the optimum, which is what makes the cost test bite). Building the model
 stops at a deadline; on overrun the incumbent is returned as ``feasible`` without a bound.
-The model is built before the block search runs, and its program's terms counted
-(:func:`~chkpt_opt.solvers.interval.program.count_terms`): where the program and its LP
+The program is sized before the block search runs: first by a count without replays
+(:func:`~chkpt_opt.solvers.interval.sizing.program_terms_lower`, a lower bound, at about a
+third of the model's build), then, where that fits, by the model's own count
+(:func:`~chkpt_opt.solvers.interval.program.count_terms`). Where the program and its LP
 cannot be built in the time left (``EXACT_BUILD_TERMS_PER_S``), the exact phase is skipped
-(``stats["exact_skipped"]``) and the block search gets all that time.
+(``stats["exact_skipped"]``) and the block search gets all the time left, to the whole limit
+even where the exact phase had to end sooner (``exact_share``).
 
 Nothing here is registered: solver ``pruned`` (:mod:`chkpt_opt.solvers.keepset.pruned`) runs it on
 its own, and ``cpsat`` and ``milp`` run it with their engine settings on graphs above their
@@ -51,6 +54,7 @@ from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.judge import Outcome, finish
 from chkpt_opt.solvers.interval.prepare import Prepared, check_flat_size
 from chkpt_opt.solvers.interval.program import build_program, count_terms
+from chkpt_opt.solvers.interval.sizing import program_terms_lower
 from chkpt_opt.solvers.keepset.warm_start import block_incumbent, hint_ids, quick_incumbent
 
 log = logging.getLogger(__name__)
@@ -64,6 +68,13 @@ ops (0.26-5.3 million terms) on 2 shared cores. Where the terms cannot be built 
 in the time left, the exact phase is skipped and the block search gets that time: a padded
 4-layer Llama (323 ops, 34 million terms, mostly hold rows) builds neither its program nor
 the LP in a minute, and its block search reaches in 13 s a schedule 6% cheaper than in 5."""
+
+
+def _builds_in(terms: int, deadline: Deadline) -> bool:
+    """Whether a program of ``terms`` terms and its LP build in the time ``deadline`` leaves,
+    at :data:`EXACT_BUILD_TERMS_PER_S`."""
+    left = deadline.remaining_s()
+    return left is None or terms <= EXACT_BUILD_TERMS_PER_S * left
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,13 @@ class PrunedSearch:
         formulation: CP-SAT's memory constraint form (see
             :mod:`~chkpt_opt.solvers.engines.cpsat_engine`).
         warm_start: hint the incumbent to the backend (where it takes hints).
+        exact_share: the share of the time limit that the exact phase (the model's build,
+            its program, LP and MILP) must end within; the other shares above are of this
+            one. Where the exact phase is skipped (``stats["exact_skipped"]``), the block
+            search runs to the whole limit: it is then the result, and it improves with
+            time. ``auto`` sets it to keep the searches beyond keep-set their share after
+            an exact phase, without taking that share from a block search that is the whole
+            keep-set stage (``chkpt_opt.solvers.auto``).
     """
 
     incumbent_share: float = 0.5
@@ -100,6 +118,7 @@ class PrunedSearch:
     workers: int = 1
     formulation: str = DEFAULT_FORMULATION
     warm_start: bool = True
+    exact_share: float = 1.0
 
     def search(
         self, graph: CostGraph, budget_bytes: int, *, deadline: Deadline, solver: str
@@ -113,31 +132,41 @@ class PrunedSearch:
             raise SolverError(
                 f"backend {self.backend!r} is unknown; use one of {', '.join(ENGINES)}."
             )
+        if not 0.0 <= self.exact_share <= 1.0:
+            raise SolverError(
+                f"exact_share must lie in [0, 1], got {self.exact_share!r}; it is the share "
+                "of the time limit the exact phase ends within (1.0: the whole limit)."
+            )
         check_flat_size(graph)
         trivial = keep_all_result(graph, budget_bytes, solver=solver, deadline=deadline)
         if trivial is not None:
             return trivial
+        whole = deadline  # the block search's, where the exact phase is skipped
+        deadline = deadline.share(self.exact_share)
         limit = deadline.limit_s
         share = None if limit is None else self.incumbent_share * limit
         best = quick_incumbent(graph, budget_bytes, time_limit_s=share)
         stats: dict[str, Any] = {}
         t0 = time.perf_counter()
         build_deadline = deadline.share(self.build_share)
+        # The program and its LP are built at about EXACT_BUILD_TERMS_PER_S; where they
+        # cannot be in the time left, the block search (anytime) gets all of it, to the
+        # whole limit. A count without replays sizes the program before its model is built.
+        model, terms, lower, model_s = None, None, None, 0.0
         try:
             cap = cost_cap(best.objective) if best.feasible else None
-            model = build_interval_model(graph, max_cost_s=cap, deadline=build_deadline)
+            lower = program_terms_lower(graph, max_cost_s=cap, deadline=build_deadline)
+            if _builds_in(lower, deadline):
+                model = build_interval_model(graph, max_cost_s=cap, deadline=build_deadline)
+                terms = count_terms(model)
             model_s = time.perf_counter() - t0
         except DeadlineExceeded as err:
             log.info("pruned: %s Returning the incumbent.", err)
             stats["build_timed_out"] = True
-            model = None
-        # The program and its LP are built at about EXACT_BUILD_TERMS_PER_S; where they
-        # cannot be in the time left, the block search (anytime) gets all of it.
-        terms = None if model is None else count_terms(model)
         left = deadline.remaining_s()
-        exact_fits = terms is not None and (left is None or terms <= EXACT_BUILD_TERMS_PER_S * left)
+        exact_fits = terms is not None and _builds_in(terms, deadline)
         until_share = None if share is None else share - deadline.elapsed_s()
-        blocks_s = until_share if exact_fits else left
+        blocks_s = until_share if exact_fits else whole.remaining_s()
         blocks = block_incumbent(graph, budget_bytes, time_limit_s=blocks_s)
         if blocks is not None:
             best = best_of([best, blocks])
@@ -148,13 +177,14 @@ class PrunedSearch:
         )
         if terms is not None:
             stats["program_terms"] = terms
+        if lower is not None and not exact_fits and not stats.get("build_timed_out"):
+            counted = f"{terms}" if terms is not None else f"at least {lower}"
+            stats["exact_skipped"] = (
+                f"{counted} program terms, more than {EXACT_BUILD_TERMS_PER_S:.0e} per "
+                f"second builds in the {left or 0.0:.1f} s that were left"
+            )
         if model is None or not exact_fits:
-            if model is not None:
-                stats["exact_skipped"] = (
-                    f"{terms} program terms, more than {EXACT_BUILD_TERMS_PER_S:.0e} per "
-                    f"second builds in the {left or 0.0:.1f} s that were left"
-                )
-            return self._incumbent_result(graph, best, budget_bytes, deadline, stats, solver)
+            return self._incumbent_result(graph, best, budget_bytes, whole, stats, solver)
         t0 = time.perf_counter()
         try:
             cap = cost_cap(best.objective) if best.feasible else None

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
@@ -299,3 +300,9 @@ def test_flat_solver_above_max_positions_solves_every_cut_after_pruning(name: st
     assert result.objective == pytest.approx(exact.objective, rel=REL, abs=1e-15)
     thinned = get_solver(name, max_positions=16, prune=False)(graph, budget)
     assert thinned.stats["complete_model"] is False
+
+
+def test_an_exact_share_outside_zero_to_one_is_refused() -> None:
+    graph = chain_graph(8, activation_bytes=1000)
+    with pytest.raises(SolverError, match=r"exact_share must lie in \[0, 1\], got 1.5"):
+        get_solver("pruned", exact_share=1.5)(graph, 6000, time_limit_s=5)
