@@ -101,12 +101,12 @@ class PrunedSearch:
             :mod:`~chkpt_opt.solvers.engines.cpsat_engine`).
         warm_start: hint the incumbent to the backend (where it takes hints).
         exact_share: the share of the time limit that the exact phase (the model's build,
-            its program, LP and MILP) must end within; the other shares above are of this
-            one. Where the exact phase is skipped (``stats["exact_skipped"]``), the block
-            search runs to the whole limit: it is then the result, and it improves with
-            time. ``auto`` sets it to keep the searches beyond keep-set their share after
-            an exact phase, without taking that share from a block search that is the whole
-            keep-set stage (``chkpt_opt.solvers.auto``).
+            its program, LP and MILP) must end within; ``build_share`` is a share of this
+            one, ``incumbent_share`` of the whole limit. Where the exact phase is skipped
+            (``stats["exact_skipped"]``), the block search runs to the whole limit: it is
+            then the result, and it improves with time. ``auto`` sets it to keep its
+            searches beyond keep-set their share after an exact phase, without taking that
+            share from a block search that is its whole keep-set stage.
     """
 
     incumbent_share: float = 0.5
@@ -143,7 +143,7 @@ class PrunedSearch:
             return trivial
         whole = deadline  # the block search's, where the exact phase is skipped
         deadline = deadline.share(self.exact_share)
-        limit = deadline.limit_s
+        limit = whole.limit_s
         share = None if limit is None else self.incumbent_share * limit
         best = quick_incumbent(graph, budget_bytes, time_limit_s=share)
         stats: dict[str, Any] = {}
