@@ -1,28 +1,10 @@
 """``solver="auto"``: the exact solver that fits the graph, after the cheap heuristics.
 
 Keep-all first (optimal whenever it fits), then the heuristics in ``solvers`` (cheap, and a
-fallback), then the exact solver that fits the graph and the time limit:
-
-* ``enumerate`` when the graph has at most ``enumerate_max_schedules`` valid schedules;
-* ``dp_chain`` when every allowed cut position of the graph can be a boundary of its chain
-  of segments (a chain of ops, a DAG cut at articulation points): exact, and fast on long
-  chains; ``cpsat`` if it refuses the graph;
-* ``pruned`` when the graph has more than ``pruned_min_positions`` allowed cuts and at most
-  ``pruned_max_ops`` ops: an incumbent from greedy and
-  (on repeated blocks) the hierarchical solver, then the MILP over every cut after exact
-  pruning (:mod:`chkpt_opt.solvers.keepset.pruned`); measured on the corpus graphs of 184-298 ops at
-  budgets 0.9-0.3 of the keep-all peak: proven optimal within 60 s, where the flat solvers
-  over a subset of cuts had no bound. From 64 cuts on it also beats flat CP-SAT over every
-  cut (``python benchmarks/auto_choice.py --time-limit 8``): on unet_large, resnet_large
-  and gpt_small (68-93 cuts) at 0.9 and 0.7 of the keep-all peak it proved all six optima
-  in 3.0-4.0 s, where flat CP-SAT proved one and returned up to 86 times the optimum
-  (resnet_large at 0.9: 576 ms against 6.7 ms); below that flat CP-SAT is faster
-  (encoder_small and vit_small, 47-51 cuts: 1.4-2.7 s against 3.0-4.2 s, all proven).
-  Out of time, it returns its incumbent;
-* ``hierarchical`` on larger graphs made of repeated blocks (feasible, not proven optimal:
-  it keeps regions inside blocks); ``cpsat`` if it refuses the graph;
-* ``cpsat`` otherwise (over a candidate subset of cuts on very large graphs, then never
-  reported optimal).
+fallback), then the exact solver that fits the graph and the time limit
+(:func:`~chkpt_opt.solvers.keepset.choice.pick_exact`: ``enumerate`` on tiny graphs,
+``dp_chain`` on chains, ``pruned`` on graphs of 64 cuts or more and at most 600 ops,
+``hierarchical`` on larger graphs of repeated blocks, ``cpsat`` otherwise).
 
 The exact solvers warm-start from greedy. A stage stops the search when its result is a
 proof (:attr:`~chkpt_opt.solvers.base.SolveResult.proven`: optimal, or infeasible with a
@@ -42,13 +24,21 @@ bound (where keep-all does not fit), the cached ops that the recompute bound's L
 rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
 schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
-The keep-set stages stop at 90% of the limit (``general_share``); in the time left,
-``dp_nested`` (exact over nested schedules
-that cache nothing, on graphs that are simple chains; where no keep-set schedule fits, also
-over the blocks between a graph's separators; it refuses others at once) runs, the
-cached-op search starts from the keep-set result, from greedy's schedule and, where it is
-better, from the rounded schedule, and where no keep-set schedule fits, the nested
-(multi-level) heuristic looks below the keep-set memory floor. Then, unless the best so
+The keep-set stages stop at 90% of the limit (``general_share``), with one exception: the
+pruned search's block search, where the pruned search skips its exact phase (a program that
+cannot be built in the time left, ``stats["exact_skipped"]``), runs to the whole limit (its
+``exact_share``): it is then the whole keep-set result, and it improves with time, so it
+gets the time it has alone less what ran before it (the bound, the rounding, the heuristics,
+the program's sizing: 2-4 s on the padded 4-layer Llama of ``tests/data/hf_padded``,
+``python benchmarks/hf_contract.py``). The searches beyond keep-set then get what it leaves,
+nothing where its sweeps run to the limit (before, on that Llama at 20 s, they had 2 s, in
+which the cached search took 1.6% off a block search cut 6% short of what it reaches alone:
+38.35 ms against 36.68). In the time left after the keep-set stages, ``dp_nested`` (exact
+over nested schedules that cache nothing, on graphs that are simple chains; where no
+keep-set schedule fits, also over the blocks between a graph's separators; it refuses others
+at once) runs, the cached-op search starts from the keep-set result, from greedy's schedule
+and, where it is better, from the rounded schedule, and where no keep-set schedule fits, the
+nested (multi-level) heuristic looks below the keep-set memory floor. Then, unless the best so
 far meets the recompute bound, the exact program over one-level schedules with cached ops
 (``milp_cached``, started from the keep-set result, searching only schedules cheaper than
 the best so far) runs in all the time left (where nothing fits, its lowest-peak search in at
@@ -79,26 +69,18 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule, cut_positions
+from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import Solver, SolveResult, SolveStatus, best_of, meets_bound
-from chkpt_opt.solvers.blocks.repeated import find_blocks
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
-from chkpt_opt.solvers.chain.cuts import is_chain
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
-from chkpt_opt.solvers.keepset.enumerate import count_schedules
+from chkpt_opt.solvers.keepset.choice import PRUNED_MAX_OPS, PRUNED_MIN_POSITIONS, pick_exact
 from chkpt_opt.solvers.registry import get_solver, register
 
 log = logging.getLogger(__name__)
 
-PRUNED_MIN_POSITIONS = 64
-"""Graphs with more allowed cuts than this (and at most ``PRUNED_MAX_OPS`` ops) go to the pruned
-every-cut solver rather than to flat CP-SAT (measured in the module docstring)."""
-PRUNED_MAX_OPS = 600
-"""Largest graph ``auto`` gives the pruned every-cut solver (it covers the 586-op gpt_large,
-proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incumbent)."""
 BOUND_SHARE = 0.15
 """The share of the time limit the recompute bound may take (measured 0.2-1.1 s on graphs
 of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
@@ -109,32 +91,6 @@ LOWEST_PEAK_SHARE = 0.25
 """Where nothing fits, the most of the time limit the cached-op program's lowest-peak
 search takes (it rarely goes below the nested searches, and ``smallest_peak``, which every
 refused budget calls, would otherwise take the whole limit)."""
-
-
-def pick_exact(
-    graph: CostGraph,
-    *,
-    enumerate_max_schedules: int,
-    flat_max_positions: int | None,
-    pruned_max_ops: int = PRUNED_MAX_OPS,
-    pruned_min_positions: int | None = PRUNED_MIN_POSITIONS,
-) -> list[str]:
-    """The exact solvers that fit ``graph``, best first (see the module docstring); the next
-    one runs only if the first refuses the graph."""
-    if count_schedules(graph) <= enumerate_max_schedules:
-        return ["enumerate"]
-    if is_chain(graph):
-        return ["dp_chain", "cpsat"]
-    n_cuts = sum(cut_positions(graph)) - 2
-    small = graph.number_of_nodes() <= pruned_max_ops
-    if small and pruned_min_positions is not None and n_cuts > pruned_min_positions:
-        return ["pruned", "cpsat"]
-    if flat_max_positions is not None and n_cuts > flat_max_positions:
-        if small:
-            return ["pruned", "cpsat"]
-        if find_blocks(graph):
-            return ["hierarchical", "cpsat"]
-    return ["cpsat"]
 
 
 @register("auto", "keep-all if it fits, else the heuristics and the exact solver that fits")
@@ -166,6 +122,8 @@ class AutoSolver:
             proof times measured on BERT within 20 s and on the corpus's encoder within
             60 s, and a cut proof left the general result costlier than keep-set's; at
             0.1 the searches lost little (``benchmarks/auto_share.py``; docs/limits.md).
+            Not taken from a block search that is the whole keep-set stage (the module
+            docstring).
     """
 
     solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
