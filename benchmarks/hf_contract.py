@@ -155,6 +155,7 @@ def main() -> None:
     options = parser.parse_args()
     limits = [options.time_limit] if options.time_limit is not None else options.time_limits
     command = "python benchmarks/hf_contract.py " + " ".join(sys.argv[1:])
+    commit = _commit()  # what runs, whatever is committed meanwhile
     load_before = os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
     print("| " + " | ".join(FIELDS) + " |")
@@ -176,7 +177,7 @@ def main() -> None:
     autos = [r for r in rows if r["solver"] == "auto"]
     held = sum(r["contract"] == "holds" for r in autos)
     lines = [
-        f"Command: `{command}` at {_commit()}, CPU, {os.cpu_count()} cores shared with other "
+        f"Command: `{command}` at {commit}, CPU, {os.cpu_count()} cores shared with other "
         f"jobs (1-minute load {load_before:.1f} at the start, {load_after:.1f} at the end).",
         "",
         f"auto's contract held in {held} of {len(autos)} cases (a case: graph, budget, limit; "

@@ -190,7 +190,7 @@ class AutoSolver:
             for name in stage:  # the first solver of the stage that accepts the graph
                 try:
                     if name == "pruned" and whole is not None:
-                        solver = get_solver(name, exact_share=_exact_share(deadline, whole))
+                        solver = get_solver(name, **_pruned_shares(deadline, whole))
                         limit_s = whole.remaining_s()
                     else:
                         solver, limit_s = get_solver(name), deadline.remaining_s()
@@ -251,15 +251,14 @@ class AutoSolver:
         return final
 
 
-def _exact_share(deadline: Deadline, whole: Deadline) -> float:
-    """The pruned search's ``exact_share`` when it runs to ``whole``: its exact phase ends
-    at ``deadline`` (the keep-set stages'), and where it skips that phase its block search,
-    then the whole keep-set result, runs to ``whole``: it gets the time it has alone, less
-    what ran before it, and the searches beyond keep-set get what it leaves."""
+def _pruned_shares(deadline: Deadline, whole: Deadline) -> dict[str, float]:
+    """The pruned search's shares when it runs to ``whole`` (auto's limit): its block search
+    first, to the end of its sweeps or to ``whole`` (``incumbent_share`` 1), then its exact
+    phase, which ends at ``deadline`` (the keep-set stages'); see the module docstring."""
     keep_s, whole_s = deadline.remaining_s(), whole.remaining_s()
     if keep_s is None or whole_s is None or whole_s <= 0.0:
-        return 1.0
-    return min(1.0, keep_s / whole_s)
+        return {}
+    return {"exact_share": min(1.0, keep_s / whole_s), "incumbent_share": 1.0}
 
 
 def _log_stage(result: SolveResult, deadline: Deadline) -> None:
