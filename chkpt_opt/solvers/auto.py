@@ -25,14 +25,18 @@ rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
 schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
 The keep-set stages stop at 90% of the limit (``general_share``), with one exception: the
-pruned search's block search, where the pruned search skips its exact phase (a program that
-cannot be built in the time left, ``stats["exact_skipped"]``), runs to the whole limit (its
-``exact_share``): it is then the whole keep-set result, and it improves with time, so it
-gets the time it has alone less what ran before it (the bound, the rounding, the heuristics,
-the program's sizing: 2-4 s on the padded 4-layer Llama of ``tests/data/hf_padded``,
-``python benchmarks/hf_contract.py``). The searches beyond keep-set then get what it leaves,
-nothing where its sweeps run to the limit (before, on that Llama at 20 s, they had 2 s, in
-which the cached search took 1.6% off a block search cut 6% short of what it reaches alone:
+pruned search's block search (on graphs of repeated blocks) runs first, to the end of its
+sweeps or to the whole limit, and the pruned search's exact phase gets what it leaves up to
+that 90% (its ``incumbent_share`` 1 and ``exact_share``). The block search improves with
+time, and where the exact phase does not finish (a program too large to build in the time
+left, ``stats["exact_skipped"]``, or a MILP that does not solve) it is the whole keep-set
+result: it gets the time it has alone (as ``hierarchical``) less what ran before it (the
+bound, the rounding, the heuristics: 1-3 s on the padded graphs of ``tests/data/hf_padded``,
+``python benchmarks/hf_contract.py``), and the searches beyond keep-set get what it leaves,
+nothing where its sweeps run to the limit. Before, it had half the limit after the
+program's build, and at 20 s auto was 4.6% costlier than ``hierarchical`` alone on the
+padded Llama (the searches beyond keep-set had 2 s, in which the cached search took 1.6%
+off a block search cut 6% short of what it reaches alone:
 38.35 ms against 36.68). In the time left after the keep-set stages, ``dp_nested`` (exact
 over nested schedules that cache nothing, on graphs that are simple chains; where no
 keep-set schedule fits, also over the blocks between a graph's separators; it refuses others

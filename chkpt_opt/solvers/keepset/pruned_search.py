@@ -27,7 +27,9 @@ third of the model's build), then, where that fits, by the model's own count
 (:func:`~chkpt_opt.solvers.interval.program.count_terms`). Where the program and its LP
 cannot be built in the time left (``EXACT_BUILD_TERMS_PER_S``), the exact phase is skipped
 (``stats["exact_skipped"]``) and the block search gets all the time left, to the whole limit
-even where the exact phase had to end sooner (``exact_share``).
+even where the exact phase had to end sooner (``exact_share``). With ``incumbent_share`` 1
+(what ``auto`` sets) the block search runs first, to the end of its sweeps or the whole
+limit, and the program is sized and built after it, under its cost cap.
 
 Nothing here is registered: solver ``pruned`` (:mod:`chkpt_opt.solvers.keepset.pruned`) runs it on
 its own, and ``cpsat`` and ``milp`` run it with their engine settings on graphs above their
@@ -124,6 +126,8 @@ class PrunedSearch:
             recomputed against 73.5 at 0.5 and 0.65, where the MILP solved nothing); the
             corpus graphs gpt_small, encoder_large, unet_large, resnet_large and vit_large at
             0.6 of their keep-all peaks stay proven optimal within 20 s (0-3 s later).
+            At 1 the block search runs first, to the end of its sweeps or the limit, and the
+            exact phase gets what it leaves (``auto``'s setting).
         build_share: the model's build stops once this share of the time limit has passed
             (the incumbent is then returned, without a bound).
         min_milp_s: the final solve is skipped when less time than this is left after the LP

@@ -306,3 +306,17 @@ def test_an_exact_share_outside_zero_to_one_is_refused() -> None:
     graph = chain_graph(8, activation_bytes=1000)
     with pytest.raises(SolverError, match=r"exact_share must lie in \[0, 1\], got 1.5"):
         get_solver("pruned", exact_share=1.5)(graph, 6000, time_limit_s=5)
+
+
+def test_the_block_search_first_leaves_the_exact_phase_its_proof() -> None:
+    """With ``incumbent_share`` 1 (auto's setting) the block search runs before the program
+    is sized, and the exact phase after it, under its cost cap, proves the optimum the
+    default order proves."""
+    graph = load_graph(CORPUS / "resnet_large.json")  # repeated blocks, proven in seconds
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.7)
+    default = get_solver("pruned")(graph, budget, time_limit_s=60)
+    first = get_solver("pruned", incumbent_share=1.0)(graph, budget, time_limit_s=60)
+    assert_valid_result(graph, first, budget)
+    assert default.status == first.status == SolveStatus.OPTIMAL
+    assert first.objective == pytest.approx(default.objective, rel=1e-6)
+    assert "exact_skipped" not in first.stats
