@@ -29,7 +29,6 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.schedule import cut_positions
 from chkpt_opt.solvers.blocks.repeated import find_blocks
 from chkpt_opt.solvers.chain.cuts import is_chain
-from chkpt_opt.solvers.keepset.enumerate import count_schedules
 
 PRUNED_MIN_POSITIONS = 64
 """Graphs with more allowed cuts than this (and at most ``PRUNED_MAX_OPS`` ops) go to the pruned
@@ -37,6 +36,19 @@ every-cut solver rather than to flat CP-SAT (measured in the module docstring)."
 PRUNED_MAX_OPS = 600
 """Largest graph ``auto`` gives the pruned every-cut solver (it covers the 586-op gpt_large,
 proven optimal there at budgets 0.9 and 0.5 in 60 s; at 0.3 it returns its incumbent)."""
+
+
+def count_schedules(graph: CostGraph) -> int:
+    """Number of valid keep-set schedules of ``graph`` (the empty one included)."""
+    ok = cut_positions(graph)
+    n = len(ok) - 1
+    ways = [0] * (n + 1)  # ways[p]: schedules of the ops from position p on
+    ways[n] = 1
+    for p in range(n - 1, -1, -1):
+        ways[p] = ways[p + 1]
+        if ok[p]:
+            ways[p] += sum(ways[q] for q in range(p + 1, n + 1) if ok[q])
+    return ways[0]
 
 
 def pick_exact(
