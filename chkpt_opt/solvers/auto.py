@@ -25,18 +25,19 @@ rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
 schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
 The keep-set stages stop at 90% of the limit (``general_share``), with one exception: the
-pruned search's block search (on graphs of repeated blocks) runs first, to the end of its
-sweeps or to the whole limit, and the pruned search's exact phase gets what it leaves up to
-that 90% (its ``incumbent_share`` 1 and ``exact_share``). The block search improves with
-time, and where the exact phase does not finish (a program too large to build in the time
-left, ``stats["exact_skipped"]``, or a MILP that does not solve) it is the whole keep-set
-result: it gets the time it has alone (as ``hierarchical``) less what ran before it (the
-bound, the rounding, the heuristics: 1-3 s on the padded graphs of ``tests/data/hf_padded``,
+pruned search (``blocks_first``) runs its block search (on graphs of repeated blocks) before
+building its program's model, for as long as it has in ``pruned`` alone (half the limit,
+counted from auto's start) or, where the program, sized without its model, cannot be built
+in time (``stats["exact_skipped"]``), to the whole limit; its exact phase gets what is left
+up to that 90% (``exact_share``). Where the exact phase is skipped, the block search is the
+whole keep-set result and improves with time: it gets the time it has alone (as
+``hierarchical``) less what ran before it (the bound, the rounding, the heuristics, the
+sizing: 2-4 s on the padded Llama of ``tests/data/hf_padded``,
 ``python benchmarks/hf_contract.py``), and the searches beyond keep-set get what it leaves,
-nothing where its sweeps run to the limit. Before, it had half the limit after the
-program's build, and at 20 s auto was 4.6% costlier than ``hierarchical`` alone on the
-padded Llama (the searches beyond keep-set had 2 s, in which the cached search took 1.6%
-off a block search cut 6% short of what it reaches alone:
+nothing where its sweeps run to the limit. Before, it had the time left after the model's
+build up to 90%, and at 20 s auto was 4.6% costlier than ``hierarchical`` alone on that
+Llama (the searches beyond keep-set had 2 s, in which the cached search took 1.6% off a
+block search cut 6% short of what it reaches alone:
 38.35 ms against 36.68). In the time left after the keep-set stages, ``dp_nested`` (exact
 over nested schedules that cache nothing, on graphs that are simple chains; where no
 keep-set schedule fits, also over the blocks between a graph's separators; it refuses others
@@ -255,14 +256,21 @@ class AutoSolver:
         return final
 
 
-def _pruned_shares(deadline: Deadline, whole: Deadline) -> dict[str, float]:
-    """The pruned search's shares when it runs to ``whole`` (auto's limit): its block search
-    first, to the end of its sweeps or to ``whole`` (``incumbent_share`` 1), then its exact
-    phase, which ends at ``deadline`` (the keep-set stages'); see the module docstring."""
-    keep_s, whole_s = deadline.remaining_s(), whole.remaining_s()
-    if keep_s is None or whole_s is None or whole_s <= 0.0:
-        return {}
-    return {"exact_share": min(1.0, keep_s / whole_s), "incumbent_share": 1.0}
+def _pruned_shares(deadline: Deadline, whole: Deadline) -> dict[str, float | bool]:
+    """The pruned search's settings when it runs to ``whole`` (auto's limit): its block
+    search first, for as long as it has alone (``incumbent_share`` of auto's limit, counted
+    from the pruned search's start), or to ``whole`` where the exact program cannot be built
+    in time; its exact phase ends at ``deadline`` (the keep-set stages'). See the module
+    docstring."""
+    keep_s, whole_s, limit_s = deadline.remaining_s(), whole.remaining_s(), whole.limit_s
+    if keep_s is None or whole_s is None or limit_s is None or whole_s <= 0.0:
+        return {"blocks_first": True}
+    alone = get_solver("pruned").incumbent_share
+    return {
+        "exact_share": min(1.0, keep_s / whole_s),
+        "incumbent_share": min(1.0, alone * limit_s / whole_s),
+        "blocks_first": True,
+    }
 
 
 def _log_stage(result: SolveResult, deadline: Deadline) -> None:

@@ -27,9 +27,9 @@ third of the model's build), then, where that fits, by the model's own count
 (:func:`~chkpt_opt.solvers.interval.program.count_terms`). Where the program and its LP
 cannot be built in the time left (``EXACT_BUILD_TERMS_PER_S``), the exact phase is skipped
 (``stats["exact_skipped"]``) and the block search gets all the time left, to the whole limit
-even where the exact phase had to end sooner (``exact_share``). With ``incumbent_share`` 1
-(what ``auto`` sets) the block search runs first, to the end of its sweeps or the whole
-limit, and the program is sized and built after it, under its cost cap.
+even where the exact phase had to end sooner (``exact_share``). With ``blocks_first``
+(what ``auto`` sets) the block search runs before the model's build, and the model is built
+after it, under its cost cap.
 
 Nothing here is registered: solver ``pruned`` (:mod:`chkpt_opt.solvers.keepset.pruned`) runs it on
 its own, and ``cpsat`` and ``milp`` run it with their engine settings on graphs above their
@@ -126,8 +126,6 @@ class PrunedSearch:
             recomputed against 73.5 at 0.5 and 0.65, where the MILP solved nothing); the
             corpus graphs gpt_small, encoder_large, unet_large, resnet_large and vit_large at
             0.6 of their keep-all peaks stay proven optimal within 20 s (0-3 s later).
-            At 1 the block search runs first, to the end of its sweeps or the limit, and the
-            exact phase gets what it leaves (``auto``'s setting).
         build_share: the model's build stops once this share of the time limit has passed
             (the incumbent is then returned, without a bound).
         min_milp_s: the final solve is skipped when less time than this is left after the LP
@@ -147,6 +145,10 @@ class PrunedSearch:
             then the result, and it improves with time. ``auto`` sets it to keep its
             searches beyond keep-set their share after an exact phase, without taking that
             share from a block search that is its whole keep-set stage.
+        blocks_first: run the block search before the model's build (``auto``'s setting):
+            its ``incumbent_share``, or the whole limit where the program, sized without
+            replays, cannot be built in time; the model is then built under its cost cap,
+            and the block search's time is not taken by that build.
     """
 
     incumbent_share: float = 0.5
@@ -159,6 +161,7 @@ class PrunedSearch:
     formulation: str = DEFAULT_FORMULATION
     warm_start: bool = True
     exact_share: float = 1.0
+    blocks_first: bool = False
 
     def search(
         self, graph: CostGraph, budget_bytes: int, *, deadline: Deadline, solver: str
@@ -187,16 +190,14 @@ class PrunedSearch:
         share = None if limit is None else self.incumbent_share * limit
         best = quick_incumbent(graph, budget_bytes, time_limit_s=share)
         stats: dict[str, Any] = {}
-        # With the whole limit (incumbent_share 1), the block search runs first: nothing it
-        # does depends on the program's size, and the model is then built with its cap.
-        blocks_first = self.incumbent_share >= 1.0
-        if blocks_first:
-            best = _with_blocks(graph, budget_bytes, best, whole.remaining_s())
+        if self.blocks_first:
+            blocks_s = self._first_blocks_s(graph, best, deadline, whole, share, stats)
+            best = _with_blocks(graph, budget_bytes, best, blocks_s)
         build_deadline = deadline.share(self.build_share)
         model, terms, lower, model_s = _sized_model(graph, best, deadline, build_deadline, stats)
         left = deadline.remaining_s()
         exact_fits = terms is not None and _builds_in(terms, deadline)
-        if not blocks_first:
+        if not self.blocks_first:
             until_share = None if share is None else share - deadline.elapsed_s()
             blocks_s = until_share if exact_fits else whole.remaining_s()
             best = _with_blocks(graph, budget_bytes, best, blocks_s)
@@ -298,6 +299,32 @@ class PrunedSearch:
             fallback=best,
             lowest=lowest,
         )
+
+    def _first_blocks_s(
+        self,
+        graph: CostGraph,
+        best: SolveResult,
+        deadline: Deadline,
+        whole: Deadline,
+        share: float | None,
+        stats: dict[str, Any],
+    ) -> float | None:
+        """The block search's time where it runs first: to ``whole`` where the exact
+        program, sized under ``best``'s cap without replays, cannot be built by
+        ``deadline`` (``stats["exact_skipped"]`` says so); to ``share`` of the limit
+        otherwise."""
+        try:
+            cap = cost_cap(best.objective) if best.feasible else None
+            lower = program_terms_lower(graph, max_cost_s=cap, deadline=deadline)
+        except DeadlineExceeded:
+            return whole.remaining_s()
+        if not _builds_in(lower, deadline):
+            stats["exact_skipped"] = (
+                f"at least {lower} program terms, more than {EXACT_BUILD_TERMS_PER_S:.0e} "
+                f"per second builds in the {deadline.remaining_s() or 0.0:.1f} s that were left"
+            )
+            return whole.remaining_s()
+        return None if share is None else max(0.0, share - deadline.elapsed_s())
 
     def _time_left(self, deadline: Deadline) -> bool:
         """Whether at least ``min_milp_s`` of the time limit is left."""

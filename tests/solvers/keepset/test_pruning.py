@@ -309,13 +309,13 @@ def test_an_exact_share_outside_zero_to_one_is_refused() -> None:
 
 
 def test_the_block_search_first_leaves_the_exact_phase_its_proof() -> None:
-    """With ``incumbent_share`` 1 (auto's setting) the block search runs before the program
-    is sized, and the exact phase after it, under its cost cap, proves the optimum the
-    default order proves."""
+    """With ``blocks_first`` (auto's setting) the block search runs before the model is
+    built, and the exact phase after it, under its cost cap, proves the optimum the default
+    order proves."""
     graph = load_graph(CORPUS / "resnet_large.json")  # repeated blocks, proven in seconds
     budget = int(simulate(graph, Schedule()).peak_bytes * 0.7)
     default = get_solver("pruned")(graph, budget, time_limit_s=60)
-    first = get_solver("pruned", incumbent_share=1.0)(graph, budget, time_limit_s=60)
+    first = get_solver("pruned", blocks_first=True)(graph, budget, time_limit_s=60)
     assert_valid_result(graph, first, budget)
     assert default.status == first.status == SolveStatus.OPTIMAL
     assert first.objective == pytest.approx(default.objective, rel=1e-6)
