@@ -199,7 +199,8 @@ class PrunedSearch:
         exact_fits = terms is not None and _builds_in(terms, deadline)
         if not self.blocks_first:
             until_share = None if share is None else share - deadline.elapsed_s()
-            blocks_s = until_share if exact_fits else whole.remaining_s()
+            rest = whole if best.feasible else deadline  # see _first_blocks_s
+            blocks_s = until_share if exact_fits else rest.remaining_s()
             best = _with_blocks(graph, budget_bytes, best, blocks_s)
         stats.update(
             incumbent_from=best.solver,
@@ -311,19 +312,21 @@ class PrunedSearch:
     ) -> float | None:
         """The block search's time where it runs first: to ``whole`` where the exact
         program, sized under ``best``'s cap without replays, cannot be built by
-        ``deadline`` (``stats["exact_skipped"]`` says so); to ``share`` of the limit
-        otherwise."""
+        ``deadline`` (``stats["exact_skipped"]`` says so; to ``deadline`` only while no
+        schedule is known to fit, so that searches below the keep-set floor keep theirs);
+        to ``share`` of the limit otherwise."""
+        rest = whole if best.feasible else deadline
         try:
             cap = cost_cap(best.objective) if best.feasible else None
             lower = program_terms_lower(graph, max_cost_s=cap, deadline=deadline)
         except DeadlineExceeded:
-            return whole.remaining_s()
+            return rest.remaining_s()
         if not _builds_in(lower, deadline):
             stats["exact_skipped"] = (
                 f"at least {lower} program terms, more than {EXACT_BUILD_TERMS_PER_S:.0e} "
                 f"per second builds in the {deadline.remaining_s() or 0.0:.1f} s that were left"
             )
-            return whole.remaining_s()
+            return rest.remaining_s()
         return None if share is None else max(0.0, share - deadline.elapsed_s())
 
     def _time_left(self, deadline: Deadline) -> bool:
