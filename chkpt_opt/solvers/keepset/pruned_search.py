@@ -27,7 +27,9 @@ third of the model's build), then, where that fits, by the model's own count
 (:func:`~chkpt_opt.solvers.interval.program.count_terms`). Where the program and its LP
 cannot be built in the time left (``EXACT_BUILD_TERMS_PER_S``), the exact phase is skipped
 (``stats["exact_skipped"]``) and the block search gets all the time left, to the whole limit
-even where the exact phase had to end sooner (``exact_share``). With ``blocks_first``
+even where the exact phase had to end sooner (``exact_share``), as long as a schedule is
+known to fit (else to the exact phase's end: what comes after may look below the keep-set
+floor). With ``blocks_first``
 (what ``auto`` sets) the block search runs before the model's build, and the model is built
 after it, under its cost cap.
 
