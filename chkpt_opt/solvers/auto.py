@@ -29,8 +29,8 @@ pruned search (``blocks_first``) runs its block search (on graphs of repeated bl
 building its program's model, for as long as it has in ``pruned`` alone (half the limit,
 counted from auto's start) or, where the program, sized without its model, cannot be built
 in time (``stats["exact_skipped"]``) and greedy's schedule fits, to the whole limit; its
-exact phase gets what is left up to that 90% (``exact_share``). Where the exact phase is skipped, the block search is the
-whole keep-set result and improves with time: it gets the time it has alone (as
+exact phase gets what is left up to that 90% (``exact_share``). Where the exact phase is
+skipped, the block search is the whole keep-set result and improves with time: it gets the time it has alone (as
 ``hierarchical``) less what ran before it (the bound, the rounding, the heuristics, the
 sizing: 2-4 s on the padded Llama of ``tests/data/hf_padded``,
 ``python benchmarks/hf_contract.py``), and the searches beyond keep-set get what it leaves,
