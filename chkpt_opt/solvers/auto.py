@@ -30,17 +30,17 @@ building its program's model, for as long as it has in ``pruned`` alone (half th
 counted from auto's start) or, where the program, sized without its model, cannot be built
 in time (``stats["exact_skipped"]``) and greedy's schedule fits, to the whole limit; its
 exact phase gets what is left up to that 90% (``exact_share``). Where the exact phase is
-skipped, the block search is the whole keep-set result and improves with time: it gets the time it has alone (as
-``hierarchical``) less what ran before it (the bound, the rounding, the heuristics, the
-sizing: 2-4 s on the padded Llama of ``tests/data/hf_padded``,
-``python benchmarks/hf_contract.py``), and the searches beyond keep-set get what it leaves,
-nothing where its sweeps run to the limit. At 20 s that Llama's block search needs 15-20 s
-for its schedule, so the contract against ``hierarchical`` alone holds there only on a
-machine not loaded beyond its cores (docs/limits.md). Before, it had the time left after the model's
+skipped, the block search is the whole keep-set result and improves with time: it gets the
+time it has alone (as ``hierarchical``) less what ran before it (the bound, the rounding,
+the heuristics, the sizing: 2-4 s on the padded Llama of ``tests/data/hf_padded``, ``python
+benchmarks/hf_contract.py``), and the searches beyond keep-set get what it leaves, nothing
+where its sweeps run to the limit. At 20 s that Llama's block search needs 15-20 s for its
+schedule, so the contract against ``hierarchical`` alone holds there only on a machine not
+loaded beyond its cores (docs/limits.md). Before, it had the time left after the model's
 build up to 90%, and at 20 s auto was 4.6% costlier than ``hierarchical`` alone on that
 Llama (the searches beyond keep-set had 2 s, in which the cached search took 1.6% off a
-block search cut 6% short of what it reaches alone:
-38.35 ms against 36.68). In the time left after the keep-set stages, ``dp_nested`` (exact
+block search cut 6% short of what it reaches alone: 38.35 ms against 36.68). In the time
+left after the keep-set stages, ``dp_nested`` (exact
 over nested schedules that cache nothing, on graphs that are simple chains; where no
 keep-set schedule fits, also over the blocks between a graph's separators; it refuses others
 at once) runs, the cached-op search starts from the keep-set result, from greedy's schedule
