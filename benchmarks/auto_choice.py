@@ -3,9 +3,10 @@
 Run:
     python benchmarks/auto_choice.py --time-limit 8
 
-``auto`` sends a graph to one keep-set exact solver (:func:`chkpt_opt.solvers.auto.pick_exact`):
-flat CP-SAT over every cut, or the pruned every-cut MILP above
-:data:`~chkpt_opt.solvers.auto.PRUNED_MIN_POSITIONS` cuts. This runs both, one after the
+``auto`` sends a graph to one keep-set exact solver
+(:func:`chkpt_opt.solvers.keepset.choice.pick_exact`): flat CP-SAT over every cut, or the
+pruned every-cut MILP above
+:data:`~chkpt_opt.solvers.keepset.choice.PRUNED_MIN_POSITIONS` cuts. This runs both, one after the
 other, on corpus graphs on either side of that threshold at budgets of 0.9 and 0.7 of the
 keep-all peak, and records each one's wall time, status and recompute. Writes
 ``auto_choice.csv`` and ``auto_choice.md`` to the output directory.

@@ -101,7 +101,13 @@ def test_auto_is_never_worse_than_the_keep_set_solvers_on_hugging_face_graphs(
     another, and the pruned search gave them 35% of the limit) and 4% more on Llama (whose
     34 million-term program the pruned search built and never solved). Each solver here is
     cut by the limit, so the margin auto leaves the block search must hold on a loaded
-    machine too: 40 s leaves it twice what it needs on 2 shared cores."""
+    machine too: 40 s leaves it twice what it needs on 2 shared cores. Since auto runs the
+    block search first (on Llama to the whole limit, its program being too large to build),
+    the contract held at 20 s too where the machine was not loaded much beyond its cores
+    (benchmarks/results/hf_contract/), but the block search still has 2-4 s less than
+    alone, and on Llama it needs about 15 s of 20 for its schedule (17 s under a load of
+    5, where auto returned 12.6% more): not a margin a test can hold on a shared
+    machine."""
     graph = load_graph(HF_PADDED / f"{family}.json")
     budget = json.loads((HF_PADDED / "budgets.json").read_text())[family]
     keep_set = ("hierarchical", "pruned", "greedy")

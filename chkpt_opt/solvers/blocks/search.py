@@ -214,12 +214,15 @@ class BlockSearch:
         segments = split_model(model, blocks)
         pools: dict[int, OptionPool] = {}
         first = {kind: seg for seg, kind in reversed(list(zip(segments, blocks.kinds)))}
-        for k, (kind, seg) in enumerate(sorted(first.items(), key=lambda item: item[1].lo)):
-            # Every distinct block's program, each first solve with half of an even share
-            # of the time left: programs still to build need time too.
+        ordered = sorted(first.items(), key=lambda item: item[1].lo)
+        for k, (kind, seg) in enumerate(ordered):
+            # Every distinct block's program, each first solve with half of the time left,
+            # shared by the blocks' sizes (their candidate intervals): programs still to
+            # build need time too, and a prologue of a few ops needs little of it.
             deadline.check("building the block search's per-block programs")
             left = deadline.remaining_s()
-            share = None if left is None else left / (2 * (len(first) - k))
+            weights = [len(s.intervals) + 1 for _, s in ordered[k:]]
+            share = None if left is None else left * weights[0] / (2 * sum(weights))
             pools[kind] = OptionPool(
                 model,
                 seg,

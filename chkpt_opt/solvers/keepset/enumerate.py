@@ -20,22 +20,10 @@ from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.keepset.choice import count_schedules
 from chkpt_opt.solvers.registry import register
 
 Spans = tuple[tuple[int, int], ...]
-
-
-def count_schedules(graph: CostGraph) -> int:
-    """Number of valid keep-set schedules of ``graph`` (the empty one included)."""
-    ok = cut_positions(graph)
-    n = len(ok) - 1
-    ways = [0] * (n + 1)  # ways[p]: schedules of the ops from position p on
-    ways[n] = 1
-    for p in range(n - 1, -1, -1):
-        ways[p] = ways[p + 1]
-        if ok[p]:
-            ways[p] += sum(ways[q] for q in range(p + 1, n + 1) if ok[q])
-    return ways[0]
 
 
 def all_spans(graph: CostGraph) -> Iterator[Spans]:

@@ -21,10 +21,17 @@ model) is a proven bound. The incumbent comes from the greedy heuristic and, on 
 repeated blocks, the hierarchical solver with a share of the time limit (it is usually within
 a few percent of the optimum, which is what makes the cost test bite). Building the model
 stops at a deadline; on overrun the incumbent is returned as ``feasible`` without a bound.
-The model is built before the block search runs, and its program's terms counted
-(:func:`~chkpt_opt.solvers.interval.program.count_terms`): where the program and its LP
+The program is sized before the block search runs: first by a count without replays
+(:func:`~chkpt_opt.solvers.interval.sizing.program_terms_lower`, a lower bound, at about a
+third of the model's build), then, where that fits, by the model's own count
+(:func:`~chkpt_opt.solvers.interval.program.count_terms`). Where the program and its LP
 cannot be built in the time left (``EXACT_BUILD_TERMS_PER_S``), the exact phase is skipped
-(``stats["exact_skipped"]``) and the block search gets all that time.
+(``stats["exact_skipped"]``) and the block search gets all the time left, to the whole limit
+even where the exact phase had to end sooner (``exact_share``), as long as a schedule is
+known to fit (else to the exact phase's end: what comes after may look below the keep-set
+floor). With ``blocks_first``
+(what ``auto`` sets) the block search runs before the model's build, and the model is built
+after it, under its cost cap.
 
 Nothing here is registered: solver ``pruned`` (:mod:`chkpt_opt.solvers.keepset.pruned`) runs it on
 its own, and ``cpsat`` and ``milp`` run it with their engine settings on graphs above their
@@ -49,8 +56,10 @@ from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_cp
 from chkpt_opt.solvers.engines.milp_engine import BACKENDS, DEFAULT_BACKEND, solve_milp
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.judge import Outcome, finish
+from chkpt_opt.solvers.interval.model import IntervalModel
 from chkpt_opt.solvers.interval.prepare import Prepared, check_flat_size
 from chkpt_opt.solvers.interval.program import build_program, count_terms
+from chkpt_opt.solvers.interval.sizing import program_terms_lower
 from chkpt_opt.solvers.keepset.warm_start import block_incumbent, hint_ids, quick_incumbent
 
 log = logging.getLogger(__name__)
@@ -64,6 +73,48 @@ ops (0.26-5.3 million terms) on 2 shared cores. Where the terms cannot be built 
 in the time left, the exact phase is skipped and the block search gets that time: a padded
 4-layer Llama (323 ops, 34 million terms, mostly hold rows) builds neither its program nor
 the LP in a minute, and its block search reaches in 13 s a schedule 6% cheaper than in 5."""
+
+
+def _with_blocks(
+    graph: CostGraph, budget_bytes: int, best: SolveResult, time_limit_s: float | None
+) -> SolveResult:
+    """``best``, or the block search's result where it is better (on graphs of repeated
+    blocks, within ``time_limit_s``)."""
+    blocks = block_incumbent(graph, budget_bytes, time_limit_s=time_limit_s)
+    return best if blocks is None else best_of([best, blocks])
+
+
+def _sized_model(
+    graph: CostGraph,
+    best: SolveResult,
+    deadline: Deadline,
+    build_deadline: Deadline,
+    stats: dict[str, Any],
+) -> tuple[IntervalModel | None, int | None, int | None, float]:
+    """The model under ``best``'s cost cap, its program's terms, their lower bound counted
+    without replays, and the build's seconds. The program and its LP are built at about
+    EXACT_BUILD_TERMS_PER_S: where the lower bound cannot be in the time ``deadline``
+    leaves, the model is not built (None, and no terms). Out of ``build_deadline``, no
+    model either, and ``stats["build_timed_out"]``."""
+    model, terms, lower = None, None, None
+    t0 = time.perf_counter()
+    try:
+        cap = cost_cap(best.objective) if best.feasible else None
+        lower = program_terms_lower(graph, max_cost_s=cap, deadline=build_deadline)
+        if _builds_in(lower, deadline):
+            model = build_interval_model(graph, max_cost_s=cap, deadline=build_deadline)
+            terms = count_terms(model)
+    except DeadlineExceeded as err:
+        log.info("pruned: %s Returning the incumbent.", err)
+        stats["build_timed_out"] = True
+    return model, terms, lower, time.perf_counter() - t0
+
+
+def _builds_in(terms: int, deadline: Deadline) -> bool:
+    """Whether a program of ``terms`` terms and its LP build in the time ``deadline`` leaves,
+    at :data:`EXACT_BUILD_TERMS_PER_S`."""
+    left = deadline.remaining_s()
+    return left is None or terms <= EXACT_BUILD_TERMS_PER_S * left
 
 
 @dataclass(frozen=True)
@@ -89,6 +140,17 @@ class PrunedSearch:
         formulation: CP-SAT's memory constraint form (see
             :mod:`~chkpt_opt.solvers.engines.cpsat_engine`).
         warm_start: hint the incumbent to the backend (where it takes hints).
+        exact_share: the share of the time limit that the exact phase (the model's build,
+            its program, LP and MILP) must end within; ``build_share`` is a share of this
+            one, ``incumbent_share`` of the whole limit. Where the exact phase is skipped
+            (``stats["exact_skipped"]``), the block search runs to the whole limit: it is
+            then the result, and it improves with time. ``auto`` sets it to keep its
+            searches beyond keep-set their share after an exact phase, without taking that
+            share from a block search that is its whole keep-set stage.
+        blocks_first: run the block search before the model's build (``auto``'s setting):
+            its ``incumbent_share``, or the whole limit where the program, sized without
+            replays, cannot be built in time; the model is then built under its cost cap,
+            and the block search's time is not taken by that build.
     """
 
     incumbent_share: float = 0.5
@@ -100,6 +162,8 @@ class PrunedSearch:
     workers: int = 1
     formulation: str = DEFAULT_FORMULATION
     warm_start: bool = True
+    exact_share: float = 1.0
+    blocks_first: bool = False
 
     def search(
         self, graph: CostGraph, budget_bytes: int, *, deadline: Deadline, solver: str
@@ -113,34 +177,33 @@ class PrunedSearch:
             raise SolverError(
                 f"backend {self.backend!r} is unknown; use one of {', '.join(ENGINES)}."
             )
+        if not 0.0 <= self.exact_share <= 1.0:
+            raise SolverError(
+                f"exact_share must lie in [0, 1], got {self.exact_share!r}; it is the share "
+                "of the time limit the exact phase ends within (1.0: the whole limit)."
+            )
         check_flat_size(graph)
         trivial = keep_all_result(graph, budget_bytes, solver=solver, deadline=deadline)
         if trivial is not None:
             return trivial
-        limit = deadline.limit_s
+        whole = deadline  # the block search's, where the exact phase is skipped
+        deadline = deadline.share(self.exact_share)
+        limit = whole.limit_s
         share = None if limit is None else self.incumbent_share * limit
         best = quick_incumbent(graph, budget_bytes, time_limit_s=share)
         stats: dict[str, Any] = {}
-        t0 = time.perf_counter()
+        if self.blocks_first:
+            blocks_s = self._first_blocks_s(graph, best, deadline, whole, share, stats)
+            best = _with_blocks(graph, budget_bytes, best, blocks_s)
         build_deadline = deadline.share(self.build_share)
-        try:
-            cap = cost_cap(best.objective) if best.feasible else None
-            model = build_interval_model(graph, max_cost_s=cap, deadline=build_deadline)
-            model_s = time.perf_counter() - t0
-        except DeadlineExceeded as err:
-            log.info("pruned: %s Returning the incumbent.", err)
-            stats["build_timed_out"] = True
-            model = None
-        # The program and its LP are built at about EXACT_BUILD_TERMS_PER_S; where they
-        # cannot be in the time left, the block search (anytime) gets all of it.
-        terms = None if model is None else count_terms(model)
+        model, terms, lower, model_s = _sized_model(graph, best, deadline, build_deadline, stats)
         left = deadline.remaining_s()
-        exact_fits = terms is not None and (left is None or terms <= EXACT_BUILD_TERMS_PER_S * left)
-        until_share = None if share is None else share - deadline.elapsed_s()
-        blocks_s = until_share if exact_fits else left
-        blocks = block_incumbent(graph, budget_bytes, time_limit_s=blocks_s)
-        if blocks is not None:
-            best = best_of([best, blocks])
+        exact_fits = terms is not None and _builds_in(terms, deadline)
+        if not self.blocks_first:
+            until_share = None if share is None else share - deadline.elapsed_s()
+            rest = whole if best.feasible else deadline  # see _first_blocks_s
+            blocks_s = until_share if exact_fits else rest.remaining_s()
+            best = _with_blocks(graph, budget_bytes, best, blocks_s)
         stats.update(
             incumbent_from=best.solver,
             incumbent_s=best.objective if best.feasible else None,
@@ -148,13 +211,14 @@ class PrunedSearch:
         )
         if terms is not None:
             stats["program_terms"] = terms
+        if lower is not None and not exact_fits and not stats.get("build_timed_out"):
+            counted = f"{terms}" if terms is not None else f"at least {lower}"
+            stats["exact_skipped"] = (
+                f"{counted} program terms, more than {EXACT_BUILD_TERMS_PER_S:.0e} per "
+                f"second builds in the {left or 0.0:.1f} s that were left"
+            )
         if model is None or not exact_fits:
-            if model is not None:
-                stats["exact_skipped"] = (
-                    f"{terms} program terms, more than {EXACT_BUILD_TERMS_PER_S:.0e} per "
-                    f"second builds in the {left or 0.0:.1f} s that were left"
-                )
-            return self._incumbent_result(graph, best, budget_bytes, deadline, stats, solver)
+            return self._incumbent_result(graph, best, budget_bytes, whole, stats, solver)
         t0 = time.perf_counter()
         try:
             cap = cost_cap(best.objective) if best.feasible else None
@@ -238,6 +302,34 @@ class PrunedSearch:
             fallback=best,
             lowest=lowest,
         )
+
+    def _first_blocks_s(
+        self,
+        graph: CostGraph,
+        best: SolveResult,
+        deadline: Deadline,
+        whole: Deadline,
+        share: float | None,
+        stats: dict[str, Any],
+    ) -> float | None:
+        """The block search's time where it runs first: to ``whole`` where the exact
+        program, sized under ``best``'s cap without replays, cannot be built by
+        ``deadline`` (``stats["exact_skipped"]`` says so; to ``deadline`` only while no
+        schedule is known to fit, so that searches below the keep-set floor keep theirs);
+        to ``share`` of the limit otherwise."""
+        rest = whole if best.feasible else deadline
+        try:
+            cap = cost_cap(best.objective) if best.feasible else None
+            lower = program_terms_lower(graph, max_cost_s=cap, deadline=deadline)
+        except DeadlineExceeded:
+            return rest.remaining_s()
+        if not _builds_in(lower, deadline):
+            stats["exact_skipped"] = (
+                f"at least {lower} program terms, more than {EXACT_BUILD_TERMS_PER_S:.0e} "
+                f"per second builds in the {deadline.remaining_s() or 0.0:.1f} s that were left"
+            )
+            return rest.remaining_s()
+        return None if share is None else max(0.0, share - deadline.elapsed_s())
 
     def _time_left(self, deadline: Deadline) -> bool:
         """Whether at least ``min_milp_s`` of the time limit is left."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
@@ -299,3 +300,23 @@ def test_flat_solver_above_max_positions_solves_every_cut_after_pruning(name: st
     assert result.objective == pytest.approx(exact.objective, rel=REL, abs=1e-15)
     thinned = get_solver(name, max_positions=16, prune=False)(graph, budget)
     assert thinned.stats["complete_model"] is False
+
+
+def test_an_exact_share_outside_zero_to_one_is_refused() -> None:
+    graph = chain_graph(8, activation_bytes=1000)
+    with pytest.raises(SolverError, match=r"exact_share must lie in \[0, 1\], got 1.5"):
+        get_solver("pruned", exact_share=1.5)(graph, 6000, time_limit_s=5)
+
+
+def test_the_block_search_first_leaves_the_exact_phase_its_proof() -> None:
+    """With ``blocks_first`` (auto's setting) the block search runs before the model is
+    built, and the exact phase after it, under its cost cap, proves the optimum the default
+    order proves."""
+    graph = load_graph(CORPUS / "resnet_large.json")  # repeated blocks, proven in seconds
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.7)
+    default = get_solver("pruned")(graph, budget, time_limit_s=60)
+    first = get_solver("pruned", blocks_first=True)(graph, budget, time_limit_s=60)
+    assert_valid_result(graph, first, budget)
+    assert default.status == first.status == SolveStatus.OPTIMAL
+    assert first.objective == pytest.approx(default.objective, rel=1e-6)
+    assert "exact_skipped" not in first.stats
