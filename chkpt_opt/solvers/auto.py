@@ -24,28 +24,22 @@ bound (where keep-all does not fit), the cached ops that the recompute bound's L
 rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
 schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
-The keep-set stages stop at 90% of the limit (``general_share``), with one exception: the
+The keep-set stages stop at 90% of the limit (``general_share``), with two exceptions. The
 pruned search (``blocks_first``) runs its block search (on graphs of repeated blocks) before
 building its program's model, for as long as it has in ``pruned`` alone (half the limit,
-counted from auto's start) or, where the program, sized without its model, cannot be built
-in time (``stats["exact_skipped"]``) and greedy's schedule fits, to the whole limit; its
-exact phase gets what is left up to that 90% (``exact_share``). Where the exact phase is
-skipped, the block search is the whole keep-set result and improves with time: it gets the
-time it has alone (as ``hierarchical``) less what ran before it (the bound, the rounding,
-the heuristics, the sizing: 2-4 s on the padded Llama of ``tests/data/hf_padded``, ``python
-benchmarks/hf_contract.py``), and the searches beyond keep-set get what it leaves, nothing
-where its sweeps run to the limit. At 20 s that Llama's block search needs 15-20 s for its
-schedule, so the contract against ``hierarchical`` alone holds there only on a machine not
-loaded beyond its cores (docs/limits.md). Before, it had the time left after the model's
-build up to 90%, and at 20 s auto was 4.6% costlier than ``hierarchical`` alone on that
-Llama (the searches beyond keep-set had 2 s, in which the cached search took 1.6% off a
-block search cut 6% short of what it reaches alone: 38.35 ms against 36.68). In the time
-left after the keep-set stages, ``dp_nested`` (exact
-over nested schedules that cache nothing, on graphs that are simple chains; where no
-keep-set schedule fits, also over the blocks between a graph's separators; it refuses others
-at once) runs, the cached-op search starts from the keep-set result, from greedy's schedule
-and, where it is better, from the rounded schedule, and where no keep-set schedule fits, the
-nested (multi-level) heuristic looks below the keep-set memory floor. Then, unless the best so
+from auto's start) or, where the program, sized without its model, cannot be built in time
+(``stats["exact_skipped"]``) and greedy's schedule fits, to the whole limit; its exact phase
+gets what is left up to that 90% (``exact_share``). On the padded Llama of
+``tests/data/hf_padded`` the block search needs 15-20 s of a 20 s limit, so the contract
+against ``hierarchical`` alone holds there only on a machine not loaded beyond its cores
+(``python benchmarks/hf_contract.py``, docs/limits.md). And where no heuristic's keep-set
+schedule fits, the exact keep-set stage ends at ``NO_FIT_KEEP_SET_SHARE`` of the limit. In
+the time left after the keep-set stages, ``dp_nested`` (exact over nested schedules that
+cache nothing, on graphs that are simple chains; where no keep-set schedule fits, also over
+the blocks between a graph's separators; it refuses others at once) runs; where no keep-set
+schedule fits, the nested (multi-level) heuristic then looks below the keep-set memory
+floor with half the time left; the cached-op search starts from the keep-set result, from
+greedy's schedule and, where it is better, from the rounded schedule. Then, unless the best so
 far meets the recompute bound, the exact program over one-level schedules with cached ops
 (``milp_cached``, started from the keep-set result, searching only schedules cheaper than
 the best so far) runs in all the time left (where nothing fits, its lowest-peak search in at
@@ -94,6 +88,12 @@ of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
 ROUNDING_SHARE = 0.1
 """The share of the time limit the cached-op rounding may take after the bound (it stops
 judging schedules there; measured 0.3-3 s on Hugging Face graphs of 153-636 ops)."""
+NO_FIT_KEEP_SET_SHARE = 0.3
+"""Where no heuristic's keep-set schedule fits, the share of the time limit at which the
+exact keep-set stage ends, leaving the rest to the searches below the keep-set floor (the
+nested heuristic needs 10-20 s on Hugging Face graphs of 384-636 ops halfway between their
+layers' peak and the proven floor: alone at 20 s it found 1651 ms on Llama and 195 ms on
+Mixtral, where ``auto`` with the keep-set stages at 90% returned 8955 ms and nothing)."""
 LOWEST_PEAK_SHARE = 0.25
 """Where nothing fits, the most of the time limit the cached-op program's lowest-peak
 search takes (it rarely goes below the nested searches, and ``smallest_peak``, which every
@@ -192,7 +192,12 @@ class AutoSolver:
                 )
             )
         errors: dict[str, str] = {}
-        for stage in stages:
+        for k, stage in enumerate(stages):
+            exact_stage = self.exact and k == len(stages) - 1
+            if exact_stage and whole is not None and not any(r.feasible for r in results):
+                # see NO_FIT_KEEP_SET_SHARE
+                deadline = whole.share(min(NO_FIT_KEEP_SET_SHARE, 1.0 - self.general_share))
+                whole = None
             result = None
             for name in stage:  # the first solver of the stage that accepts the graph
                 try:
@@ -329,8 +334,10 @@ def _beyond_keep_set(
     searches = [get_solver("dp_nested", blocks=not keep.feasible)] if nesting else []
     searches += [get_solver("cached", warm_start=start) for start in starts]
     searches.append(get_solver("cached"))  # from greedy's schedule
-    if nesting and not keep.feasible:
-        searches.append(get_solver("nested"))
+    weights = [1.0] * len(searches)
+    if nesting and not keep.feasible:  # below the keep-set floor: half the time left first
+        searches.insert(1, get_solver("nested"))
+        weights.insert(1, float(len(weights)))
     found = [rounded]
     refused: dict[str, str] = {}
 
@@ -342,8 +349,8 @@ def _beyond_keep_set(
             refused[search.name] = str(err)
 
     for k, search in enumerate(searches):
-        share = deadline.remaining_s()
-        run(search, None if share is None else share / (len(searches) - k))
+        left_s = deadline.remaining_s()
+        run(search, None if left_s is None else left_s * weights[k] / sum(weights[k:]))
     # Then, in the time left, the exact program over one-level schedules with cached ops
     # (it takes the keep-set result as its start and cost cap), and the cached-op search
     # from its result where that is the best so far; not where the best already meets the
