@@ -21,7 +21,8 @@ the solvers' time limits matter.
 Usage::
 
     python benchmarks/convnets_general.py                       # every graph and budget
-    python benchmarks/convnets_general.py --graphs vgg19 segnet --budgets 0.8 0.5
+    python benchmarks/convnets_general.py --graphs vgg19 segnet --budgets 0.8 0.5 \
+        --out benchmarks/results/convnets_general_some   # a part, beside the full results
 """
 
 from __future__ import annotations
@@ -173,21 +174,23 @@ def main() -> None:
     parser.add_argument("--alone-limit", type=float, default=30.0, help="each solver alone")
     parser.add_argument("--milp-limit", type=float, default=180.0, help="Checkmate's program")
     parser.add_argument("--table-only", action="store_true", help="rewrite results.md")
+    parser.add_argument("--out", type=Path, default=OUT, help="folder of the results")
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
     if args.table_only:
-        rows = json.loads((OUT / "results.json").read_text())["rows"]
-        (OUT / "results.md").write_text(table(rows))
+        rows = json.loads((out / "results.json").read_text())["rows"]
+        (out / "results.md").write_text(table(rows))
         return
     rows: list[dict] = []
     for family in args.graphs:
         for share in args.budgets:
             rows.append(run_one(family, share, args))
-            settings = {k: v for k, v in vars(args).items()}
-            (OUT / "results.json").write_text(
+            settings = {k: str(v) if k == "out" else v for k, v in vars(args).items()}
+            (out / "results.json").write_text(
                 json.dumps({"settings": settings, "rows": rows}, indent=1)
             )
-            (OUT / "results.md").write_text(table(rows))
+            (out / "results.md").write_text(table(rows))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
 
 
