@@ -54,7 +54,8 @@ Unpacked ops (recompute on unpack, :mod:`chkpt_opt.unpack`):
 
 * where an op outside every region saves an output storage of an unpacked op (the
   unpacked op's own save included, a view of it alike), it keeps the unpacked op's input
-  storages instead (the recipe's references), until its backward has run; saves inside
+  storages instead (the recipe's references), until its backward has run (and the
+  forward's registry of recipes holds them to the end of the forward pass); saves inside
   regions are the checkpoint's and keep what they keep above, and a region keeps its
   inputs as above;
 * just before the first backward step that unpacks one of those storages (after the
@@ -259,7 +260,9 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 rebuilt = rebuilt_by.get(sid)
                 for kept in rebuilt.inputs if rebuilt else (sid,):
                     hold(f"f:{kept}", kept_until(n))
-    for plan in plans:
+    for plan in plans:  # the forward's registry holds every recipe to the forward's end
+        for kept in plan.inputs:
+            hold(f"f:{kept}", fwd_pos[order[-1]])
         if plan.node in unpack_pos:
             for sid, nbytes in own_storages(plan.node).items():
                 alloc_at[f"u:{sid}"] = (unpack_pos[plan.node], nbytes)

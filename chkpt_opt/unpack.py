@@ -13,7 +13,9 @@ The memory rules (those of :mod:`chkpt_opt.op_sequence`, one model):
 * an unpacked op's output storages are not kept by saves of ops outside every region;
   each such saver keeps the op's *input storages* instead (the storages of the values it
   reads, and the storages it saves without owning them, which it reads without an edge),
-  until the saver's backward has run (to the end of the step if it never runs);
+  until the saver's backward has run (to the end of the step if it never runs). The
+  forward's registry of recipes holds every unpacked op's input storages to the end of the
+  forward pass, saved or not (a later saver may still pack the output);
 * the outputs die after their last forward reader unless something else holds them: a
   region that takes them as its input (checkpoint keeps its inputs; codegen saves them
   plainly), an op inside a region that saves them (the checkpoint's own hooks take
