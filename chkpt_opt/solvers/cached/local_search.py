@@ -162,16 +162,25 @@ mean forward time of the graph's ops (pools, unpools, concats beside convolution
 def unpacked_starts(graph: CostGraph, schedule: Schedule) -> list[Schedule]:
     """``schedule`` with more ops unpacked: its cheap ops worth unpacking
     (:func:`~chkpt_opt.unpack.unpack_candidates`, :data:`CHEAP_SHARE`), and every op worth
-    unpacking. Empty where no op is worth unpacking."""
+    unpacking; and, where it has regions, no region and the cheap ops unpacked (the search
+    then adds the regions it needs). Empty where no op is worth unpacking."""
     found = unpack_candidates(graph, _in_regions(schedule))
     if not found:
         return []
     times = [a["fwd_time_s"] for _, a in graph.nodes(data=True)]
     cheap_s = CHEAP_SHARE * sum(times) / len(times)
-    cheap = frozenset(n for n in found if graph.nodes[n]["fwd_time_s"] < cheap_s)
+
+    def times_s(node: str) -> float:
+        return float(graph.nodes[node]["fwd_time_s"])
+
+    cheap = frozenset(n for n in found if times_s(n) < cheap_s)
     starts = [schedule.with_unpacked(schedule.unpacked | cheap)] if cheap else []
     if len(cheap) < len(found):
         starts.append(schedule.with_unpacked(schedule.unpacked | frozenset(found)))
+    if schedule.regions:  # no region: the cheap ops unpacked alone, the search adds regions
+        alone = frozenset(n for n in unpack_candidates(graph, frozenset()) if times_s(n) < cheap_s)
+        if alone:
+            starts.append(Schedule(unpacked=alone))
     return starts
 
 
