@@ -15,7 +15,7 @@ from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.schedule import Schedule, check_schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import simulate
-from chkpt_opt.unpack import unpack_candidates
+from chkpt_opt.unpack import rebuilt_storages, unpack_candidates
 from tests.solvers.bounds.test_general_milp import _mini_segnet
 
 
@@ -133,6 +133,22 @@ def test_the_mini_segnet_runs_the_checkmate_schedule() -> None:
     assert profile.peak_bytes == 99_480
     assert profile.recompute_s == pytest.approx(4.58752e-07, rel=1e-12)
     assert simulate(g, Schedule()).peak_bytes == 132_248
+
+
+def test_a_buffer_another_op_saves_is_rebuilt_one_only_its_owner_saves_is_not() -> None:
+    # pool1's indices (a buffer) are saved by unpool1 too: a returned value, rebuilt; the
+    # loss's log-softmax buffer is its own. Unpacking pool1 then frees its indices after
+    # the forward pass (unpool1 and pool1 keep conv1's output instead, kept anyway).
+    g = _mini_segnet()
+    rebuilt = rebuilt_storages(g)
+    assert rebuilt["pool1"] == {"pool1", "pool1:buf0"} and rebuilt["loss"] == {"loss"}
+    keep_all = simulate(g, Schedule())
+    unpacked = simulate(g, _unpack("pool1"))
+    steps = [(p.kind, p.node) for p in unpacked.timeline]
+    assert steps.index(("recompute", "pool1")) + 1 == steps.index(("bwd", "unpool1"))
+    forward_end = [p.after_bytes for p in keep_all.timeline if p.kind == "fwd"][-1]
+    # the indices freed (the pooled output, which nothing saves, is freed either way)
+    assert [p.after_bytes for p in unpacked.timeline if p.kind == "fwd"][-1] == forward_end - 16_384
 
 
 def test_what_cannot_be_unpacked_is_refused_with_the_fix() -> None:

@@ -5,6 +5,7 @@ saved-tensor hooks (:mod:`chkpt_opt.codegen.unpack`)."""
 from chkpt_opt.unpack.rule import (
     UnpackPlan,
     check_unpacked,
+    rebuilt_storages,
     unpack_candidates,
     unpack_plans,
     unpack_problem,
@@ -14,6 +15,7 @@ from chkpt_opt.unpack.rule import (
 __all__ = [
     "UnpackPlan",
     "check_unpacked",
+    "rebuilt_storages",
     "unpack_candidates",
     "unpack_plans",
     "unpack_problem",

@@ -28,9 +28,11 @@ The memory rules (those of :mod:`chkpt_opt.op_sequence`, one model):
 
 Every save of an output storage is replaced, also a save of a view of it (codegen matches
 saved tensors by storage and rebuilds the view's geometry): the graph does not say whether
-a saver reads the output itself or a view of it, and both are rebuilt alike. Only storages
-the op returns are rebuilt (``outputs``); buffers it saves without returning them (a norm's
-statistics inside a composite op) are kept as before.
+a saver reads the output itself or a view of it, and both are rebuilt alike. The storages
+rebuilt are those the op returns (:func:`rebuilt_storages`): its ``outputs``, and a buffer
+it owns that another op saves (only a returned value can reach another op: the pool's
+indices that an unpool reads in the layer-level graphs). Buffers that only the op itself
+saves (a norm's statistics inside a composite op) are internal to it and kept as before.
 
 An op may be unpacked where it owns all the storages it returns (not a view, not in place),
 no later op writes them in place, it draws no random numbers, updates no module state, and
@@ -43,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chkpt_opt.errors import ScheduleError, short
-from chkpt_opt.graphs.costgraph import CostGraph, storage_refs
+from chkpt_opt.graphs.costgraph import CostGraph, storage_owners, storage_refs
 
 
 def unpack_problem(graph: CostGraph, node: str) -> str:
@@ -115,18 +117,34 @@ def check_unpacked(graph: CostGraph, unpacked: frozenset[str], inner: Sequence[i
             )
 
 
+def rebuilt_storages(graph: CostGraph) -> dict[str, frozenset[str]]:
+    """For every op, the storages that unpacking it rebuilds: its outputs, and the buffers
+    it owns that another op saves (see the module docstring)."""
+    owner = storage_owners(graph)
+    savers: dict[str, set[str]] = {}
+    for n, attrs in graph.nodes(data=True):
+        for sid in attrs["saved"]:
+            savers.setdefault(sid, set()).add(n)
+    return {
+        n: frozenset(attrs["outputs"])
+        | frozenset(sid for sid in attrs["saved"] if owner[sid] == n and savers[sid] - {n})
+        for n, attrs in graph.nodes(data=True)
+    }
+
+
 def unpack_candidates(graph: CostGraph, in_regions: frozenset[str]) -> list[str]:
     """The ops worth unpacking under a schedule whose regions hold ``in_regions``: ops
     that may be unpacked, outside every region, with an output storage that an op
     outside every region saves. In execution order."""
     allowed = unpackable_ops(graph)
+    rebuilt = rebuilt_storages(graph)
     saved_outside = {
         sid for n, a in graph.nodes(data=True) if n not in in_regions for sid in a["saved"]
     }
     found = [
         n
         for n in allowed
-        if n not in in_regions and any(sid in saved_outside for sid in graph.nodes[n]["outputs"])
+        if n not in in_regions and any(sid in saved_outside for sid in rebuilt[n])
     ]
     return sorted(found, key=lambda n: graph.nodes[n]["index"])
 
@@ -160,9 +178,12 @@ def unpack_plans(
     """The plan of every unpacked op, in execution order (``inner`` as in
     :func:`check_unpacked`; ``owner`` from :func:`~chkpt_opt.graphs.costgraph.storage_owners`)."""
     nodes = graph.nodes
-    plans = []
+    plans: list[UnpackPlan] = []
+    if not unpacked:
+        return plans
+    rebuilt = rebuilt_storages(graph)
     for u in sorted(unpacked, key=lambda n: nodes[n]["index"]):
-        outputs = nodes[u]["outputs"]
+        outputs = rebuilt[u]
         savers: dict[str, list[str]] = {}
         for i, n in enumerate(order):
             if inner[i] >= 0:

@@ -16,7 +16,8 @@ every region whose output ops outside every region save (recompute on unpack:
 :mod:`chkpt_opt.unpack`), or give ops out of a region unpacked. It searches from the warm
 start, then from it with its cheap ops worth unpacking unpacked and with all of them
 (:func:`unpacked_starts`), and keeps the best end. Each search stops when no neighbour is
-better (cheaper while fitting; a lower peak while nothing fits) or at the time limit. The
+better (cheaper while fitting; while nothing fits, the most peak lowered per second of
+recompute added: :func:`best_move`) or at the time limit. The
 start is a neighbour of itself, so the result
 is never worse than the warm start. A heuristic: ``feasible`` at best, no bound.
 
@@ -154,6 +155,29 @@ def _region_moves(
                 yield Schedule(base.regions, base.nested, base.saved | new)
 
 
+def best_move(
+    judged: list[tuple[Schedule, MemoryProfile]], profile: MemoryProfile, budget_bytes: int
+) -> tuple[Schedule, MemoryProfile] | None:
+    """The neighbour to move to from a schedule simulated as ``profile``, or None where no
+    neighbour is better: the best ranked (:func:`~chkpt_opt.solvers.base.rank`) where it or
+    the schedule fits; while neither fits, the one that lowers the peak most per second of
+    recompute it adds (the most bytes where it adds none), so that a search from a start
+    far above the budget does not buy its first bytes at any cost."""
+    best = lowest_ranked(judged, budget_bytes)
+    if best is None:
+        return None
+    if best[1].peak_bytes <= budget_bytes or profile.peak_bytes <= budget_bytes:
+        return best if rank(best[1], budget_bytes) < rank(profile, budget_bytes) else None
+    lower = [pair for pair in judged if pair[1].peak_bytes < profile.peak_bytes]
+
+    def gain(pair: tuple[Schedule, MemoryProfile]) -> tuple[int, float]:
+        added_s = pair[1].recompute_s - profile.recompute_s
+        saved_bytes = profile.peak_bytes - pair[1].peak_bytes
+        return (0, -saved_bytes) if added_s <= 0 else (1, -saved_bytes / added_s)
+
+    return min(lower, key=gain, default=None)
+
+
 CHEAP_SHARE = 0.05
 """An op worth unpacking is *cheap* where its forward time is below this share of the
 mean forward time of the graph's ops (pools, unpools, concats beside convolutions)."""
@@ -232,7 +256,6 @@ class CachingSolver:
             """The search from one start, until no neighbour is better."""
             nonlocal timed_out
             profile = simulate(graph, current, check=False)
-            score = rank(profile, budget_bytes)
 
             def simulated() -> Iterator[tuple[Schedule, MemoryProfile]]:
                 nonlocal timed_out
@@ -250,11 +273,10 @@ class CachingSolver:
             for _ in range(self.max_moves):
                 if timed_out:
                     break
-                best = lowest_ranked(simulated(), budget_bytes)
-                if best is None or rank(best[1], budget_bytes) >= score:
+                best = best_move(list(simulated()), profile, budget_bytes)
+                if best is None:
                     break
                 current, profile = best
-                score = rank(profile, budget_bytes)
                 counts["moves"] += 1
             return current, profile
 
