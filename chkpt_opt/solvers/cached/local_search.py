@@ -162,7 +162,8 @@ def best_move(
     neighbour is better: the best ranked (:func:`~chkpt_opt.solvers.base.rank`) where it or
     the schedule fits; while neither fits, the one that lowers the peak most per second of
     recompute it adds (the most bytes where it adds none), so that a search from a start
-    far above the budget does not buy its first bytes at any cost."""
+    far above the budget does not buy its first bytes at any cost; where none lowers the
+    peak, the cheapest of the same peak."""
     best = lowest_ranked(judged, budget_bytes)
     if best is None:
         return None
@@ -175,7 +176,10 @@ def best_move(
         saved_bytes = profile.peak_bytes - pair[1].peak_bytes
         return (0, -saved_bytes) if added_s <= 0 else (1, -saved_bytes / added_s)
 
-    return min(lower, key=gain, default=None)
+    if lower:
+        return min(lower, key=gain)
+    # the same peak, cheaper: a step aside that may open lower peaks
+    return best if rank(best[1], budget_bytes) < rank(profile, budget_bytes) else None
 
 
 CHEAP_SHARE = 0.05
