@@ -4,11 +4,14 @@ original's, and no_grad, inference mode, retain_graph and errors in the forward 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chkpt_opt.api import plan
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.codegen import unpack as unpack_codegen
 from chkpt_opt.errors import ScheduleError
@@ -136,3 +139,19 @@ def test_the_compile_path_refuses_unpacked_ops(net) -> None:
     schedule = Schedule(unpacked=frozenset({"max_pool2d"}))
     with pytest.raises(ScheduleError, match=r"unpacks ops \(\['max_pool2d'\]\).*Apply it eagerly"):
         rewrite_module(traced.captured.fresh_module(), traced.graph, schedule, for_compile=True)
+
+
+def test_a_plan_with_unpacked_ops_compiles_its_counterpart_without_them(net) -> None:
+    model, args, _ = net
+    made = plan(model, args, budget=10**12, optimizer=None, solver="keep_all")
+    schedule = Schedule(unpacked=frozenset({"max_pool2d"}))
+    forced = dataclasses.replace(
+        made,
+        result=dataclasses.replace(made.result, schedule=schedule),
+        profile=simulate(made.graph, schedule),
+    )
+    assert "1 rebuilt on unpack" in forced.summary()
+    counterpart = forced.for_compile()
+    assert not counterpart.schedule.unpacked
+    assert counterpart.profile.peak_bytes <= forced.activation_budget_bytes
+    forced.apply(for_compile=True)  # the counterpart's module, no error
