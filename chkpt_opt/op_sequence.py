@@ -132,6 +132,15 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
         if plan.trigger:
             unpack_at.setdefault(plan.trigger, []).append(plan)
     unpack_pos: dict[str, int] = {}  # unpacked op -> position of its rebuild
+    by_node = {plan.node: plan for plan in plans}
+
+    def rebuild(plan: UnpackPlan) -> None:
+        """Its rebuild, after those of the recipes it holds handles on (once each)."""
+        if plan.node not in unpack_pos:
+            for _, v in plan.needs:
+                rebuild(by_node[v])
+            unpack_pos[plan.node] = len(kinds)
+            kinds.append(("recompute", plan.node, -1))
 
     # Positions of every step.
     kinds: list[tuple[str, str, int]] = [("fwd", n, -1) for n in order]
@@ -156,8 +165,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 kinds.append(("recompute", order[i], k))
             replay_end[k] = len(kinds) - 1  # an empty one ends before the trigger runs
         for plan in unpack_at.get(n, ()):
-            unpack_pos[plan.node] = len(kinds)
-            kinds.append(("recompute", plan.node, -1))
+            rebuild(plan)
         bwd_pos[n] = len(kinds)
         kinds.append(("bwd", n, -1))
         targets = [u for u in preds[n] if nodes[u]["requires_grad"]]
@@ -260,6 +268,19 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 rebuilt = rebuilt_by.get(sid)
                 for kept in rebuilt.inputs if rebuilt else (sid,):
                     hold(f"f:{kept}", kept_until(n))
+    life: dict[str, int] = {}  # unpacked op -> last step its recipe is held
+
+    def recipe_life(plan: UnpackPlan) -> int:
+        """Held by the forward's registry, its savers' packs, and later recipes' handles."""
+        if plan.node not in life:
+            users = [by_node[u] for names in plan.held_by.values() for u in names]
+            life[plan.node] = max(
+                [fwd_pos[order[-1]]]
+                + [kept_until(saver) for names in plan.savers.values() for saver in names]
+                + [recipe_life(user) for user in users]
+            )
+        return life[plan.node]
+
     for plan in plans:  # the forward's registry holds every recipe to the forward's end
         for kept in plan.inputs:
             hold(f"f:{kept}", fwd_pos[order[-1]])
@@ -268,6 +289,8 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 alloc_at[f"u:{sid}"] = (unpack_pos[plan.node], nbytes)
                 for saver in plan.savers.get(sid, ()):
                     hold(f"u:{sid}", kept_until(saver))
+                for user in plan.held_by.get(sid, ()):  # until that recipe's rebuild
+                    hold(f"u:{sid}", unpack_pos.get(user, recipe_life(by_node[user])))
     for k, span in enumerate(tree):
         if span.parent < 0:
             for sid in region_inputs(k):

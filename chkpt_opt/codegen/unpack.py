@@ -7,8 +7,10 @@ its end into a body GraphModule called by an :class:`UnpackScope`, which runs it
 exception in the forward leaves no hook behind). Inside the body:
 
 * each unpacked op runs through :func:`run_unpacked`: its call with strong references to
-  its arguments is a :class:`Recipe`, and each tensor it returns is registered by its
-  storage (a weak reference, so the registry keeps nothing alive);
+  its arguments is a :class:`Recipe` (an argument that an earlier unpacked op returned is
+  kept as a handle on that op's recipe, rebuilt first), and each tensor it returns is
+  registered by its storage (a weak reference to the storage; the registry holds the
+  recipes to the end of the forward);
 * the pack hook matches a saved tensor to a registered output by its untyped storage (the
   storage alive and at the same address) and returns a handle to the recipe with the
   tensor's geometry (offset, size, stride, dtype): a view of the output is rebuilt as that
@@ -37,7 +39,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from chkpt_opt.codegen.runtime import CheckpointRegion
 from chkpt_opt.errors import ScheduleError
@@ -65,8 +67,10 @@ class Recipe:
         held = self.rebuilt.get(index)
         if held is not None:
             return held
+        # Handles on earlier unpacked ops' outputs are unpacked (rebuilt) first.
+        args, kwargs = tree_map(_unpacked, (self.args, self.kwargs))
         with torch.no_grad():
-            flat = _tensors(self.fn(*self.args, **self.kwargs))
+            flat = _tensors(self.fn(*args, **kwargs))
         self.rebuilt = {i: flat[i] for i, count in self.counts.items() if count > 0}
         return flat[index]
 
@@ -109,6 +113,10 @@ class Packed:
         view = torch.empty(0, dtype=self.dtype, device=base.device)
         with torch.no_grad():
             return view.set_(base.untyped_storage(), self.offset, self.size, self.stride)
+
+
+def _unpacked(value: Any) -> Any:
+    return value.unpack() if isinstance(value, Packed) else value
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
@@ -169,7 +177,21 @@ class _Scope:
             storage = _storage(packed.tensor) if packed.tensor is not None else None
             if storage is not None and storage.data_ptr() in by_ptr:
                 packed.bind(recipe, by_ptr[storage.data_ptr()])
+        # An input that an earlier unpacked op returned: the recipe keeps a handle on that
+        # op's recipe, not the tensor (chains of unpacked ops rebuild from what is kept).
+        recipe.args, recipe.kwargs = tree_map(self._handle, (args, kwargs))
         return out
+
+    def _handle(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        storage = _storage(value)
+        entry = None if storage is None else self.registry.get(storage.data_ptr())
+        if entry is None or entry[2].expired():
+            return value
+        packed = Packed(value)
+        packed.bind(entry[0], entry[1])
+        return packed
 
 
 def _unpack_hook(packed: Any) -> Any:

@@ -42,7 +42,7 @@ the step does not return it (:func:`unpackable_ops`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph, storage_owners, storage_refs
@@ -132,14 +132,24 @@ def rebuilt_storages(graph: CostGraph) -> dict[str, frozenset[str]]:
     }
 
 
-def unpack_candidates(graph: CostGraph, in_regions: frozenset[str]) -> list[str]:
-    """The ops worth unpacking under a schedule whose regions hold ``in_regions``: ops
-    that may be unpacked, outside every region, with an output storage that an op
-    outside every region saves. In execution order."""
+def unpack_candidates(
+    graph: CostGraph, in_regions: frozenset[str], unpacked: frozenset[str] = frozenset()
+) -> list[str]:
+    """The ops worth unpacking under a schedule whose regions hold ``in_regions`` and that
+    unpacks ``unpacked``: ops that may be unpacked, outside every region, with a rebuilt
+    storage that an op outside every region saves or an unpacked op reads (its recipe
+    then holds a handle on this op's recipe instead). In execution order."""
     allowed = unpackable_ops(graph)
     rebuilt = rebuilt_storages(graph)
     saved_outside = {
         sid for n, a in graph.nodes(data=True) if n not in in_regions for sid in a["saved"]
+    }
+    saved_outside |= {
+        sid
+        for u in unpacked
+        if u in graph
+        for p in graph.predecessors(u)
+        for sid in storage_refs(graph, p)
     }
     found = [
         n
@@ -155,17 +165,25 @@ class UnpackPlan:
 
     Attributes:
         node: the unpacked op.
-        inputs: the storages its recipe holds.
+        inputs: the storages its recipe holds: its input storages, where one is rebuilt by
+            an earlier unpacked op, that op's recipe's instead (a handle on it).
         savers: for each output storage saved outside every region, the ops outside every
             region that save it, in execution order.
         trigger: the saver whose backward runs first and unpacks one of them (the rebuild
             runs just before it), or "" where no saver runs its backward.
+        needs: ``(storage, op)`` for each of its input storages that the unpacked ``op``
+            rebuilds: its recipe holds a handle on ``op``'s recipe, unpacked when it is
+            rebuilt.
+        held_by: for each of its rebuilt storages, the later unpacked ops whose recipes
+            hold a handle on it.
     """
 
     node: str
     inputs: tuple[str, ...]
     savers: dict[str, tuple[str, ...]]
     trigger: str
+    needs: tuple[tuple[str, str], ...] = ()
+    held_by: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def unpack_plans(
@@ -178,11 +196,32 @@ def unpack_plans(
     """The plan of every unpacked op, in execution order (``inner`` as in
     :func:`check_unpacked`; ``owner`` from :func:`~chkpt_opt.graphs.costgraph.storage_owners`)."""
     nodes = graph.nodes
-    plans: list[UnpackPlan] = []
     if not unpacked:
-        return plans
+        return []
     rebuilt = rebuilt_storages(graph)
-    for u in sorted(unpacked, key=lambda n: nodes[n]["index"]):
+    ordered = sorted(unpacked, key=lambda n: nodes[n]["index"])
+    maker = {sid: u for u in ordered for sid in rebuilt[u]}
+    flat: dict[str, list[str]] = {}  # unpacked op -> the storages its recipe holds
+    needs: dict[str, list[tuple[str, str]]] = {}
+    held_by: dict[str, dict[str, list[str]]] = {u: {} for u in ordered}
+    for u in ordered:
+        direct = [
+            sid
+            for p in sorted(graph.predecessors(u), key=lambda v: nodes[v]["index"])
+            for sid in storage_refs(graph, p)
+        ]
+        direct += [sid for sid in nodes[u]["saved"] if owner[sid] != u]
+        flat[u], needs[u] = [], []
+        for sid in dict.fromkeys(direct):
+            v = maker.get(sid, u)
+            if v == u:
+                flat[u].append(sid)
+            else:  # a handle on v's recipe, which holds v's inputs
+                needs[u].append((sid, v))
+                held_by[v].setdefault(sid, []).append(u)
+                flat[u] += flat[v]
+    plans = []
+    for u in ordered:
         outputs = rebuilt[u]
         savers: dict[str, list[str]] = {}
         for i, n in enumerate(order):
@@ -191,20 +230,16 @@ def unpack_plans(
             for sid in nodes[n]["saved"]:
                 if sid in outputs:
                     savers.setdefault(sid, []).append(n)
-        inputs = [
-            sid
-            for p in sorted(graph.predecessors(u), key=lambda v: nodes[v]["index"])
-            for sid in storage_refs(graph, p)
-        ]
-        inputs += [sid for sid in nodes[u]["saved"] if owner[sid] != u]
         unpacking = [n for names in savers.values() for n in names if nodes[n]["has_backward"]]
         trigger = max(unpacking, key=lambda n: nodes[n]["index"], default="")
         plans.append(
             UnpackPlan(
                 u,
-                tuple(dict.fromkeys(inputs)),
+                tuple(dict.fromkeys(flat[u])),
                 {sid: tuple(names) for sid, names in savers.items()},
                 trigger,
+                tuple(needs[u]),
+                {sid: tuple(users) for sid, users in held_by[u].items()},
             )
         )
     return plans

@@ -73,7 +73,7 @@ def neighbours(
             if new:
                 yield moved.with_unpacked(kept | new)
     if unpack:
-        for name in unpack_candidates(graph, before):
+        for name in unpack_candidates(graph, before, schedule.unpacked):
             if name not in schedule.unpacked:
                 yield schedule.with_unpacked(schedule.unpacked | {name})
         for name in sorted(schedule.unpacked):
@@ -195,6 +195,12 @@ def unpacked_starts(graph: CostGraph, schedule: Schedule) -> list[Schedule]:
     found = unpack_candidates(graph, _in_regions(schedule))
     if not found:
         return []
+    # and the ops whose outputs those ops read, unpacked as well: chains of cheap ops
+    while True:
+        more = unpack_candidates(graph, _in_regions(schedule), frozenset(found))
+        if len(more) == len(found):
+            break
+        found = more
     times = [a["fwd_time_s"] for _, a in graph.nodes(data=True)]
     cheap_s = CHEAP_SHARE * sum(times) / len(times)
 
@@ -207,6 +213,13 @@ def unpacked_starts(graph: CostGraph, schedule: Schedule) -> list[Schedule]:
         starts.append(schedule.with_unpacked(schedule.unpacked | frozenset(found)))
     if schedule.regions:  # no region: the cheap ops unpacked alone, the search adds regions
         alone = frozenset(n for n in unpack_candidates(graph, frozenset()) if times_s(n) < cheap_s)
+        while alone:
+            more = frozenset(
+                n for n in unpack_candidates(graph, frozenset(), alone) if times_s(n) < cheap_s
+            )
+            if more == alone:
+                break
+            alone = more
         if alone:
             starts.append(Schedule(unpacked=alone))
     return starts
