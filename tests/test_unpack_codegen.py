@@ -196,3 +196,37 @@ def test_a_chain_of_unpacked_ops_rebuilds_from_what_is_kept() -> None:
         peaks[len(names)] = measured
     # the concat's recipe holds a handle on the upsample's, not its output: freed too
     assert peaks[2] < peaks[1]
+
+
+class TwoConvs(nn.Module):
+    """conv -> conv (which saves the first conv's output for its weight's gradient) -> sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(self.c1(x)).sum()
+
+
+def test_a_rebuild_under_autocast_computes_as_the_forward_did() -> None:
+    # the forward runs under CPU autocast (bf16 convolutions), the backward outside it: the
+    # rebuilt output of the first conv, which the second saves, must be bf16 as in the
+    # forward (fp32 without the forward's autocast state), so gradients stay bitwise equal
+    torch.manual_seed(0)
+    model = TwoConvs()
+    args = (torch.randn(2, 3, 16, 16),)
+    traced = trace_model(model, args, {})
+    assert "conv2d" in unpack_candidates(traced.graph, frozenset())
+    schedule = Schedule(unpacked=frozenset({"conv2d"}))
+    module = rewrite_module(traced.captured.fresh_module(), traced.graph, schedule)
+    grads = []
+    for runner in (model, module):
+        for p in model.parameters():
+            p.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = runner(*args)
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

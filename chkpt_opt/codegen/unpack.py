@@ -16,9 +16,10 @@ exception in the forward leaves no hook behind). Inside the body:
   tensor's geometry (offset, size, stride, dtype): a view of the output is rebuilt as that
   view. Anything else is saved as it is. Tensors the unpacked op itself saves while it runs
   are matched once it has returned (its outputs are packed before the call returns);
-* the unpack hook rebuilds the outputs once (under ``no_grad``, on the inputs' device and
-  dtypes, as the forward computed them) and keeps each rebuilt output until every handle
-  on it has been unpacked; with ``retain_graph`` a later unpack rebuilds it again;
+* the unpack hook rebuilds the outputs once (under ``no_grad`` and the forward's autocast
+  state, from the same inputs, as the forward computed them) and keeps each rebuilt
+  output until every handle on it has been unpacked; with ``retain_graph`` a later unpack
+  rebuilds it again;
 * recompute regions push their own checkpoint hooks, which take precedence inside them;
   the call of a region itself saves its inputs (checkpoint's frame) plainly
   (:func:`call_keeping_inputs`), so a region keeps its inputs as the op sequence says.
@@ -52,7 +53,7 @@ class Recipe:
     """One call of an unpacked op: the callee with its arguments (strong references), the
     outputs it rebuilt and how many saved handles of each output are still packed."""
 
-    __slots__ = ("args", "counts", "fn", "kwargs", "rebuilt")
+    __slots__ = ("args", "autocast", "counts", "fn", "kwargs", "rebuilt")
 
     def __init__(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.fn = fn
@@ -60,6 +61,13 @@ class Recipe:
         self.kwargs = kwargs
         self.counts: dict[int, int] = {}
         self.rebuilt: dict[int, torch.Tensor] = {}
+        # the autocast state of the forward (the backward runs without it), per device type
+        devices = {t.device.type for t in _tensors((args, kwargs))} | {"cpu"}
+        self.autocast = [
+            (d, torch.get_autocast_dtype(d), torch.is_autocast_enabled(d))
+            for d in sorted(devices)
+            if torch.amp.is_autocast_available(d)
+        ]
 
     def output(self, index: int) -> torch.Tensor:
         """The ``index``-th tensor the op returns: the rebuilt one, rebuilt where none is
@@ -69,7 +77,10 @@ class Recipe:
             return held
         # Handles on earlier unpacked ops' outputs are unpacked (rebuilt) first.
         args, kwargs = tree_map(_unpacked, (self.args, self.kwargs))
-        with torch.no_grad():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            for device, dtype, enabled in self.autocast:
+                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
             flat = _tensors(self.fn(*args, **kwargs))
         self.rebuilt = {i: flat[i] for i, count in self.counts.items() if count > 0}
         return flat[index]
