@@ -112,6 +112,49 @@ def test_the_rebuild_runs_before_the_first_saver_and_lives_to_the_last() -> None
     assert simulate(g, _unpack("b")).recompute_s == 2.0
 
 
+def test_a_chain_rebuilds_the_inner_op_first_and_frees_it_after_the_outer() -> None:
+    # a (20) -> b (50) -> c (80) -> d (10); d saves c, nothing else is saved. With b and c
+    # unpacked, c's recipe holds a handle on b's recipe, which holds a: b dies after c runs,
+    # and both are rebuilt before d's backward, b first, b freed once c is rebuilt.
+    g = new_graph("chain_of_two")
+    specs = [
+        ("a", [], 20, {}),
+        ("b", ["a"], 50, {}),
+        ("c", ["b"], 80, {}),
+        ("d", ["c"], 10, {"c": 80}),
+    ]
+    for i, (name, preds, nbytes, saved) in enumerate(specs):
+        attrs = node_attrs(
+            index=i,
+            op="op",
+            outputs={name: nbytes},
+            saved=saved,
+            grad_bytes=nbytes,
+            fwd_time_s=float(i + 1),
+        )
+        g.add_node(name, **attrs)
+        for p in preds:
+            g.add_edge(p, name)
+    g.graph["outputs"] = ["d"]
+    check_graph(g)
+    assert _steps(g, _unpack("b", "c")) == [
+        ("fwd", "a", 20, 20),
+        ("fwd", "b", 70, 70),  # a held by b's recipe
+        ("fwd", "c", 150, 100),  # b freed: c's recipe holds b's recipe, not b
+        ("fwd", "d", 110, 30),  # c freed: d's save is c's recipe
+        ("bwd_start", "", 40, 40),
+        ("recompute", "b", 90, 90),
+        ("recompute", "c", 170, 120),  # the rebuilt b freed once c is rebuilt
+        ("bwd", "d", 200, 100),  # the rebuilt c and a (the recipes' input) freed
+        ("bwd", "c", 150, 70),
+        ("bwd", "b", 90, 40),
+        ("bwd", "a", 40, 20),
+    ]
+    assert simulate(g, _unpack("b", "c")).recompute_s == 5.0
+    assert unpack_candidates(g, frozenset()) == ["c"]
+    assert unpack_candidates(g, frozenset(), frozenset({"c"})) == ["b", "c"]
+
+
 def test_a_region_keeps_its_input_so_unpacking_it_changes_nothing() -> None:
     # n1 is the input of the region (n2, n3), whose checkpoint keeps it; n2's save of it is
     # the checkpoint's (inside the region), so no saver outside a region takes a recipe.
