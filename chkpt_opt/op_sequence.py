@@ -62,7 +62,10 @@ Unpacked ops (recompute on unpack, :mod:`chkpt_opt.unpack`):
   region recomputations that step triggers), a ``"recompute"`` step (region -1) runs the
   unpacked op: its own storages are allocated (instances ``u:<storage>``), those that no
   saver saves are freed at once, the others once the last backward step that unpacks
-  them has run.
+  them has run;
+* an unpacked op's input that an earlier unpacked op rebuilds is held by its recipe as a
+  handle on that op's recipe (so its savers keep that op's inputs instead); its rebuild
+  runs that op's rebuild first, unless it is held, and holds that output until then.
 """
 
 from __future__ import annotations

@@ -24,7 +24,12 @@ The memory rules (those of :mod:`chkpt_opt.op_sequence`, one model):
   runs the op (all its own storages allocated, its forward workspace, its forward time
   counted as recompute time); the storages no saver saves are freed at once, the others
   after the last backward step that unpacks them (to the end of the step where a saver
-  never runs its backward).
+  never runs its backward);
+* chains: where an unpacked op reads a storage that an earlier unpacked op rebuilds (a
+  concat of an upsample), its recipe holds a handle on that op's recipe instead of the
+  tensor, so the storage dies after its last forward reader too; the later op's rebuild
+  runs the earlier one's first (unless its output is held already), which holds that
+  output until then (:attr:`UnpackPlan.needs`, :attr:`UnpackPlan.held_by`).
 
 Every save of an output storage is replaced, also a save of a view of it (codegen matches
 saved tensors by storage and rebuilds the view's geometry): the graph does not say whether
