@@ -60,7 +60,7 @@ def neighbours(
     """Schedules one move away from ``schedule`` (possibly invalid ones; the caller checks).
 
     A move that takes an unpacked op into a region stops unpacking it; with ``unpack``, a
-    move that gives ops out of a regions is also tried with those of them worth unpacking
+    move that gives ops out of a region is also tried with those of them worth unpacking
     unpacked, and unpacking or no longer unpacking each op is a move of its own."""
     before = _in_regions(schedule)
     for moved in _region_moves(graph, schedule, allowed):
