@@ -151,8 +151,9 @@ class Plan:
     def for_compile(self, *, time_limit_s: float | None = None) -> Plan:
         """The plan that the compiled step runs: this plan when its regions do not nest
         (keep-set regions, cached ops inside them or not); for a schedule with nested
-        regions, the best plan without nesting at the same budget (solved once, by
-        ``auto`` with ``nesting=False``: keep-set regions and cached ops).
+        regions or unpacked ops, the best plan without them at the same budget (solved
+        once, by ``auto`` with ``nesting=False``: keep-set regions and cached ops; where
+        that unpacks ops, the cached-op search from it with them kept instead).
 
         The compile path hands regions to the partitioner of ``torch.compile``
         (:mod:`chkpt_opt.export.partitioner`), which saves the outputs of the ops a region
@@ -167,12 +168,16 @@ class Plan:
                 reaches it only with nested regions); the message states the smallest
                 budget a compiled plan needs.
         """
-        if not self.schedule.nested:
+        if not self.schedule.nested and not self.schedule.unpacked:
             return self
         if self._compiled is None:
             result = get_solver("auto", nesting=False)(
                 self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s
             )
+            if result.schedule.unpacked:  # the cached-op search's; compile cannot run them
+                result = get_solver(
+                    "cached", warm_start=result.schedule.with_unpacked(frozenset()), unpack=False
+                )(self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s)
             if not result.feasible:
                 raise unmet_budget_error(
                     self.graph,
@@ -181,8 +186,9 @@ class Plan:
                     self.activation_budget_bytes,
                     time_limit_s=time_limit_s,
                     nesting=False,
-                    scope="without nesting recompute regions, which the torch.compile path "
-                    "cannot run (its partitioner does not nest recomputations)",
+                    scope="without nesting recompute regions or unpacking ops, which the "
+                    "torch.compile path cannot run (its partitioner does not nest "
+                    "recomputations, and it runs no saved-tensor hooks)",
                     fix="Raise the budget for the compiled plan, or run plan.apply() eagerly.",
                 )
             self._compiled = dataclasses.replace(
@@ -237,8 +243,13 @@ class Plan:
             f"predicted peak: {format_bytes(self.predicted_peak_bytes)} "
             f"(forward/backward {format_bytes(self.profile.peak_bytes)})",
             f"schedule: {len(self.schedule.regions)} recompute regions, "
-            f"{len(self.schedule.recomputed_nodes())} of {self.graph.number_of_nodes()} ops; "
-            f"estimated extra compute {self.profile.overhead:.1%}",
+            f"{len(self.schedule.recomputed_nodes())} of {self.graph.number_of_nodes()} ops"
+            + (
+                f", {len(self.schedule.unpacked)} rebuilt on unpack"
+                if self.schedule.unpacked
+                else ""
+            )
+            + f"; estimated extra compute {self.profile.overhead:.1%}",
             f"solver: {r.solver} -> {r.status.value}"
             + (f" (gap {r.gap:.2%})" if r.gap is not None else "")
             + f" in {r.solve_s:.2f}s"

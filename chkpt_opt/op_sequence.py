@@ -49,6 +49,23 @@ non-reentrant checkpoint and selective-checkpoint policies:
 * a cached op's outputs live from the forward pass to the recomputation of its region,
   which takes them instead of running the op (or to its end if it stops before the op;
   to the region's last backward op if the region is never recomputed).
+
+Unpacked ops (recompute on unpack, :mod:`chkpt_opt.unpack`):
+
+* where an op outside every region saves an output storage of an unpacked op (the
+  unpacked op's own save included, a view of it alike), it keeps the unpacked op's input
+  storages instead (the recipe's references), until its backward has run (and the
+  forward's registry of recipes holds them to the end of the forward pass); saves inside
+  regions are the checkpoint's and keep what they keep above, and a region keeps its
+  inputs as above;
+* just before the first backward step that unpacks one of those storages (after the
+  region recomputations that step triggers), a ``"recompute"`` step (region -1) runs the
+  unpacked op: its own storages are allocated (instances ``u:<storage>``), those that no
+  saver saves are freed at once, the others once the last backward step that unpacks
+  them has run;
+* an unpacked op's input that an earlier unpacked op rebuilds is held by its recipe as a
+  handle on that op's recipe (so its savers keep that op's inputs instead); its rebuild
+  runs that op's rebuild first, unless it is held, and holds that output until then.
 """
 
 from __future__ import annotations
@@ -66,6 +83,7 @@ from chkpt_opt.graphs.costgraph import (
 )
 from chkpt_opt.region_replay import region_replays
 from chkpt_opt.schedule import Schedule, innermost_regions, region_tree
+from chkpt_opt.unpack import UnpackPlan, unpack_plans
 
 
 @dataclass(frozen=True)
@@ -80,7 +98,8 @@ class Step:
         free: instance ids released once this step is done.
         transient_bytes: extra bytes alive only while the step runs.
         region: for a ``"recompute"`` step, the position in
-            :func:`~chkpt_opt.schedule.region_tree` of the region whose recomputation runs it.
+            :func:`~chkpt_opt.schedule.region_tree` of the region whose recomputation runs it
+            (-1 for the rebuild of an unpacked op).
     """
 
     kind: str
@@ -109,6 +128,22 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     for k in sorted(range(len(tree)), key=lambda k: tree[k].depth):  # outer regions first
         if replays[k].trigger:
             by_trigger.setdefault(replays[k].trigger, []).append(k)
+    plans = unpack_plans(graph, order, inner, schedule.unpacked, owner)
+    rebuilt_by = {sid: plan for plan in plans for sid in plan.savers}
+    unpack_at: dict[str, list[UnpackPlan]] = {}
+    for plan in plans:
+        if plan.trigger:
+            unpack_at.setdefault(plan.trigger, []).append(plan)
+    unpack_pos: dict[str, int] = {}  # unpacked op -> position of its rebuild
+    by_node = {plan.node: plan for plan in plans}
+
+    def rebuild(plan: UnpackPlan) -> None:
+        """Its rebuild, after those of the recipes it holds handles on (once each)."""
+        if plan.node not in unpack_pos:
+            for _, v in plan.needs:
+                rebuild(by_node[v])
+            unpack_pos[plan.node] = len(kinds)
+            kinds.append(("recompute", plan.node, -1))
 
     # Positions of every step.
     kinds: list[tuple[str, str, int]] = [("fwd", n, -1) for n in order]
@@ -132,6 +167,8 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 rec_pos[k, i] = len(kinds)
                 kinds.append(("recompute", order[i], k))
             replay_end[k] = len(kinds) - 1  # an empty one ends before the trigger runs
+        for plan in unpack_at.get(n, ()):
+            rebuild(plan)
         bwd_pos[n] = len(kinds)
         kinds.append(("bwd", n, -1))
         targets = [u for u in preds[n] if nodes[u]["requires_grad"]]
@@ -227,10 +264,36 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
 
     # What the forward pass keeps: saved tensors outside regions, the outermost regions'
     # inputs, and the outputs of cached ops.
+    # An unpacked op's output saved outside regions: the saver keeps its recipe's inputs.
     for n in order:
         if inner[index[n]] < 0:
             for sid in nodes[n]["saved"]:
-                hold(f"f:{sid}", kept_until(n))
+                rebuilt = rebuilt_by.get(sid)
+                for kept in rebuilt.inputs if rebuilt else (sid,):
+                    hold(f"f:{kept}", kept_until(n))
+    life: dict[str, int] = {}  # unpacked op -> last step its recipe is held
+
+    def recipe_life(plan: UnpackPlan) -> int:
+        """Held by the forward's registry, its savers' packs, and later recipes' handles."""
+        if plan.node not in life:
+            users = [by_node[u] for names in plan.held_by.values() for u in names]
+            life[plan.node] = max(
+                [fwd_pos[order[-1]]]
+                + [kept_until(saver) for names in plan.savers.values() for saver in names]
+                + [recipe_life(user) for user in users]
+            )
+        return life[plan.node]
+
+    for plan in plans:  # the forward's registry holds every recipe to the forward's end
+        for kept in plan.inputs:
+            hold(f"f:{kept}", fwd_pos[order[-1]])
+        if plan.node in unpack_pos:
+            for sid, nbytes in own_storages(plan.node).items():
+                alloc_at[f"u:{sid}"] = (unpack_pos[plan.node], nbytes)
+                for saver in plan.savers.get(sid, ()):
+                    hold(f"u:{sid}", kept_until(saver))
+                for user in plan.held_by.get(sid, ()):  # until that recipe's rebuild
+                    hold(f"u:{sid}", unpack_pos.get(user, recipe_life(by_node[user])))
     for k, span in enumerate(tree):
         if span.parent < 0:
             for sid in region_inputs(k):

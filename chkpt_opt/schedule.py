@@ -17,8 +17,13 @@ The general schedule adds what PyTorch executes beyond that:
   selective-checkpoint policy's ``MUST_SAVE``) and not recomputed; their saved inputs are
   still recomputed, so a cheap producer can be recomputed from a kept tensor without its
   expensive consumer.
+* ``unpacked`` ops: ops outside every region whose outputs are rebuilt on unpack. Where an
+  op outside every region saves one of their outputs, a saved-tensor hook stores a recipe
+  (the op and its inputs) instead, and the output is recomputed when a backward unpacks
+  it (:mod:`chkpt_opt.unpack`); a cheap layer's output is then freed after its last
+  forward reader and rebuilt from tensors kept anyway.
 
-A keep-set schedule is the special case with neither.
+A keep-set schedule is the special case with none of them.
 
 Example:
     >>> s = Schedule(regions=(("linear", "relu"),))
@@ -29,6 +34,8 @@ Example:
     >>> g = Schedule(regions=(("a", "b", "c"),), nested=(("b", "c"),), saved=frozenset({"c"}))
     >>> g.is_keep_set(), sorted(g.recomputed_nodes())
     (False, ['a', 'b'])
+    >>> Schedule(unpacked=frozenset({"pool"})).is_keep_set()
+    False
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Any
 
 from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
+from chkpt_opt.unpack import check_unpacked
 
 SCHEDULE_KIND = "keep_set"
 GENERAL_KIND = "regions"
@@ -56,15 +64,22 @@ class Schedule:
             or one lies inside the other. Sorted by position, outer before inner.
         saved: ops inside regions whose outputs are cached in the forward pass instead of
             recomputed, by the innermost region that holds them.
+        unpacked: ops outside every region whose outputs, where ops outside every region
+            save them, are rebuilt when a backward unpacks them (recompute on unpack).
     """
 
     regions: tuple[tuple[str, ...], ...] = ()
     nested: tuple[tuple[str, ...], ...] = ()
     saved: frozenset[str] = frozenset()
+    unpacked: frozenset[str] = frozenset()
 
     def is_keep_set(self) -> bool:
-        """Whether this is a keep-set schedule (no nested region, no cached op)."""
-        return not self.nested and not self.saved
+        """Whether this is a keep-set schedule (no nested region, no cached or unpacked op)."""
+        return not self.nested and not self.saved and not self.unpacked
+
+    def with_unpacked(self, unpacked: frozenset[str]) -> Schedule:
+        """This schedule with ``unpacked`` as its unpacked ops."""
+        return Schedule(self.regions, self.nested, self.saved, frozenset(unpacked))
 
     def recomputed_nodes(self) -> frozenset[str]:
         """All nodes that lie in some recompute region and are not cached."""
@@ -75,12 +90,15 @@ class Schedule:
         regions = [list(r) for r in self.regions]
         if self.is_keep_set():
             return {"kind": SCHEDULE_KIND, "regions": regions}
-        return {
+        data: dict[str, Any] = {
             "kind": GENERAL_KIND,
             "regions": regions,
             "nested": [list(r) for r in self.nested],
             "saved": sorted(self.saved),
         }
+        if self.unpacked:  # files without unpacked ops stay as older versions wrote them
+            data["unpacked"] = sorted(self.unpacked)
+        return data
 
     @staticmethod
     def from_dict(data: Any) -> Schedule:
@@ -92,7 +110,9 @@ class Schedule:
                 f"got {str(data)[:80]!r}."
             )
         general = data["kind"] == GENERAL_KIND
-        allowed = {"kind", "regions", "nested", "saved"} if general else {"kind", "regions"}
+        allowed = (
+            {"kind", "regions", "nested", "saved", "unpacked"} if general else {"kind", "regions"}
+        )
         if set(data) - allowed:
             raise ScheduleError(
                 f"schedule of kind {data['kind']!r} has unknown keys "
@@ -109,10 +129,15 @@ class Schedule:
                 )
             runs[key] = tuple(tuple(r) for r in value)
         saved = data.get("saved", []) if general else []
-        if not isinstance(saved, list) or not all(isinstance(n, str) for n in saved):
-            raise ScheduleError("schedule 'saved' must be a list of node names.")
+        unpacked = data.get("unpacked", []) if general else []
+        for key, names in (("saved", saved), ("unpacked", unpacked)):
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ScheduleError(f"schedule {key!r} must be a list of node names.")
         return Schedule(
-            regions=runs["regions"], nested=runs.get("nested", ()), saved=frozenset(saved)
+            regions=runs["regions"],
+            nested=runs.get("nested", ()),
+            saved=frozenset(saved),
+            unpacked=frozenset(unpacked),
         )
 
     @staticmethod
@@ -141,7 +166,8 @@ def cut_positions(graph: CostGraph) -> list[bool]:
 
 
 def check_schedule(graph: CostGraph, schedule: Schedule) -> None:
-    """Checks that ``schedule`` is a valid keep-set schedule of ``graph``.
+    """Checks that ``schedule`` is a valid schedule of ``graph`` (regions, nested regions,
+    cached and unpacked ops).
 
     Raises:
         ScheduleError: naming the region and node at fault.
@@ -202,6 +228,8 @@ def check_schedule(graph: CostGraph, schedule: Schedule) -> None:
                 f"place ({short(writer)}); the policy would cache the wrong ops when that "
                 "update is skipped on recompute. Cache no op in that region."
             )
+    if schedule.unpacked:
+        check_unpacked(graph, schedule.unpacked, inner)
 
 
 def cacheable_ops(graph: CostGraph) -> frozenset[str]:

@@ -11,7 +11,9 @@ Example of the content::
 
 A schedule with nested regions or cached ops is written as version 2, with
 ``"schedule": {"kind": "regions", "regions": [...], "nested": [...], "saved": [...]}``
-(``schemas/schedule-v2.schema.json``).
+(``schemas/schedule-v2.schema.json``). A schedule with unpacked ops (recompute on unpack)
+is written as version 3, its schedule with ``"unpacked": [...]`` beside those
+(``schemas/schedule-v3.schema.json``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ SCHEDULE_FORMAT = "chkpt_opt.schedule"
 SCHEDULE_VERSION = 2
 """The version written for schedules beyond keep-set (nested regions, cached ops); a
 keep-set schedule is written as version 1, which every reader of version 1 reads."""
-READ_VERSIONS = (1, 2)
+UNPACKED_VERSION = 3
+"""The version written for schedules with unpacked ops (what readers of version 2 lack)."""
+READ_VERSIONS = (1, 2, 3)
+
+
+def file_version(schedule: Schedule) -> int:
+    """The oldest file version that can hold ``schedule``."""
+    if schedule.unpacked:
+        return UNPACKED_VERSION
+    return 1 if schedule.is_keep_set() else SCHEDULE_VERSION
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,7 @@ def save_schedule(path: str | Path, graph: CostGraph, schedule: Schedule, **meta
     """Writes a schedule file (atomically)."""
     data = {
         "format": SCHEDULE_FORMAT,
-        "format_version": 1 if schedule.is_keep_set() else SCHEDULE_VERSION,
+        "format_version": file_version(schedule),
         "graph": {
             "name": graph.graph.get("name", ""),
             "fingerprint": graph_fingerprint(graph),
@@ -103,10 +114,12 @@ def load_schedule(path: str | Path) -> ScheduleFile:
         schedule = Schedule.from_dict(data.get("schedule"))
     except ScheduleError as err:
         raise ScheduleError(f"{where}: {err}") from None
-    if version == 1 and not schedule.is_keep_set():
+    if version < file_version(schedule):
         raise ScheduleError(
-            f"{where} says format_version 1 but holds nested regions or cached ops, which "
-            "version 1 cannot express; write it as version 2."
+            f"{where} says format_version {version} but holds "
+            f"{'unpacked ops' if schedule.unpacked else 'nested regions or cached ops'}, "
+            f"which version {version} cannot express; write it as version "
+            f"{file_version(schedule)}."
         )
     meta = {
         k: v for k, v in data.items() if k not in ("format", "format_version", "graph", "schedule")
@@ -125,7 +138,7 @@ _STATUSES = ("optimal", "feasible", "infeasible", "timed_out")
 
 
 def _check_fields(data: dict[str, Any], where: str) -> None:
-    """Checks the recorded fields as ``schemas/schedule-v2.schema.json`` does."""
+    """Checks the recorded fields as ``schemas/schedule-v3.schema.json`` does."""
 
     def fail(field: str, expected: str) -> ScheduleError:
         return ScheduleError(

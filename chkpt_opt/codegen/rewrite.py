@@ -24,6 +24,7 @@ from chkpt_opt.codegen.state import (
     snapshot_roots,
     state_info,
 )
+from chkpt_opt.codegen.unpack import outline_unpack_scope
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
@@ -256,7 +257,8 @@ def rewrite_module(
     Args:
         module: a GraphModule whose call nodes are the nodes of ``graph``.
         graph: the cost graph of that module.
-        schedule: a valid schedule of ``graph``.
+        schedule: a valid schedule of ``graph``; its unpacked ops run under saved-tensor
+            hooks (:mod:`~chkpt_opt.codegen.unpack`), not on the compile path.
         for_compile: emit regions for ``torch.compile`` (plain non-reentrant checkpoint,
             which dynamo turns into regions its partitioner recomputes; no eager guards).
 
@@ -269,6 +271,13 @@ def rewrite_module(
             "this schedule nests regions; the torch.compile path runs one level of regions "
             "(its partitioner does not nest recomputations). Apply it eagerly "
             "(plan.apply()), or compile the plan's counterpart without nesting "
+            "(plan.compile() and plan.apply(for_compile=True) solve it at the same budget)."
+        )
+    if for_compile and schedule.unpacked:
+        raise ScheduleError(
+            f"this schedule unpacks ops ({sorted(schedule.unpacked)[:3]}): their outputs are "
+            "rebuilt by saved-tensor hooks, which the torch.compile path does not run. Apply "
+            "it eagerly (plan.apply()), or compile the plan's counterpart without them "
             "(plan.compile() and plan.apply(for_compile=True) solve it at the same budget)."
         )
     by_name = {n.name: n for n in module.graph.nodes}
@@ -302,6 +311,8 @@ def rewrite_module(
             module, nodes, k, info, for_compile=for_compile, cached=cached, nested=span.depth > 0
         )
         covered.update(order[span.start : span.stop])
+    if schedule.unpacked:
+        outline_unpack_scope(module, schedule.unpacked)
     module.graph.lint()
     module.recompile()
     return module

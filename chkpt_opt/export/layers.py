@@ -217,8 +217,8 @@ def lower_to_layers(
     notes: list[str] = []
     if not schedule.is_keep_set():
         notes.append(
-            "nested regions and cached ops have no per-layer setting; the lowering recomputes "
-            "whole layers"
+            "nested regions, cached and unpacked ops have no per-layer setting; the lowering "
+            "recomputes whole layers"
         )
     recomputed_outside = schedule.recomputed_nodes() - set(
         name

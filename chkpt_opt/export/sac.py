@@ -150,6 +150,11 @@ def lower_to_sac(graph: CostGraph, schedule: Schedule, issued: dict[str, list[st
         )
     if schedule.saved:
         notes.append(f"{len(schedule.saved)} cached ops are MUST_SAVE in their layer's policy")
+    if schedule.unpacked:
+        notes.append(
+            f"{len(schedule.unpacked)} unpacked ops are kept: a per-layer policy has no "
+            "recompute on unpack"
+        )
     outside = [n for n in recomputed if n not in in_layers]
     if outside:
         notes.append(f"{len(outside)} recomputed ops lie outside the layers and are kept")

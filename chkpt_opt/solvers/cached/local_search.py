@@ -11,9 +11,14 @@ schedule at the same budget), the search moves one step at a time to the best ne
 judged by the simulator: cache or uncache one op of a region, or move a boundary of an
 outermost region to the next allowed cut (taking in or giving out ops, the ops taken in
 cached or not), split a region right after one of its cached ops, or open a new region
-between two allowed cuts. It stops when no
-neighbour is better (cheaper while fitting; a lower peak while nothing fits) or at the
-time limit. The start is a neighbour of itself, so the result
+between two allowed cuts, or drop a region; and unpack or stop unpacking one op outside
+every region whose output ops outside every region save (recompute on unpack:
+:mod:`chkpt_opt.unpack`), or give ops out of a region unpacked. It searches from the warm
+start, then from it with its cheap ops worth unpacking unpacked and with all of them
+(:func:`unpacked_starts`), and keeps the best end. Each search stops when no neighbour is
+better (cheaper while fitting; while nothing fits, the most peak lowered per second of
+recompute added: :func:`best_move`) or at the time limit. The
+start is a neighbour of itself, so the result
 is never worse than the warm start. A heuristic: ``feasible`` at best, no bound.
 
 Example:
@@ -46,10 +51,44 @@ from chkpt_opt.solvers.base import SolveResult, lowest_ranked, rank, result_from
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.registry import register
+from chkpt_opt.unpack import unpack_candidates
 
 
-def neighbours(graph: CostGraph, schedule: Schedule, allowed: frozenset[str]) -> Iterator[Schedule]:
-    """Schedules one move away from ``schedule`` (possibly invalid ones; the caller checks)."""
+def neighbours(
+    graph: CostGraph, schedule: Schedule, allowed: frozenset[str], *, unpack: bool = True
+) -> Iterator[Schedule]:
+    """Schedules one move away from ``schedule`` (possibly invalid ones; the caller checks).
+
+    A move that takes an unpacked op into a region stops unpacking it; with ``unpack``, a
+    move that gives ops out of a region is also tried with those of them worth unpacking
+    unpacked, and unpacking or no longer unpacking each op is a move of its own."""
+    before = _in_regions(schedule)
+    for moved in _region_moves(graph, schedule, allowed):
+        inside = _in_regions(moved)
+        kept = schedule.unpacked - inside
+        yield moved.with_unpacked(kept)
+        given = before - inside
+        if unpack and given:
+            new = frozenset(unpack_candidates(graph, inside)) & given
+            if new:
+                yield moved.with_unpacked(kept | new)
+    if unpack:
+        for name in unpack_candidates(graph, before, schedule.unpacked):
+            if name not in schedule.unpacked:
+                yield schedule.with_unpacked(schedule.unpacked | {name})
+        for name in sorted(schedule.unpacked):
+            yield schedule.with_unpacked(schedule.unpacked - {name})
+
+
+def _in_regions(schedule: Schedule) -> frozenset[str]:
+    return frozenset(n for region in schedule.regions for n in region)
+
+
+def _region_moves(
+    graph: CostGraph, schedule: Schedule, allowed: frozenset[str]
+) -> Iterator[Schedule]:
+    """The moves of regions and cached ops (the module docstring); they carry no unpacked
+    op (:func:`neighbours` adds them)."""
     order = ordered_nodes(graph)
     n = len(order)
     for name in cache_candidates(graph, schedule):
@@ -88,6 +127,12 @@ def neighbours(graph: CostGraph, schedule: Schedule, allowed: frozenset[str]) ->
                 moves.append((start, shrink_right, range(0)))
             if shrink_left is not None:
                 moves.append((shrink_left, stop, range(0)))
+        if not inside_nested:  # drop the region
+            rest = frozenset(
+                s for s in schedule.saved if not start <= graph.nodes[s]["index"] < stop
+            )
+            regions = schedule.regions[:r] + schedule.regions[r + 1 :]
+            yield Schedule(regions, schedule.nested, rest)
         if not inside_nested:  # split the region right after one of its cached ops
             for i in range(start, stop - 1):
                 if order[i] in schedule.saved and ok[i + 1]:
@@ -110,6 +155,76 @@ def neighbours(graph: CostGraph, schedule: Schedule, allowed: frozenset[str]) ->
                 yield Schedule(base.regions, base.nested, base.saved | new)
 
 
+def best_move(
+    judged: list[tuple[Schedule, MemoryProfile]], profile: MemoryProfile, budget_bytes: int
+) -> tuple[Schedule, MemoryProfile] | None:
+    """The neighbour to move to from a schedule simulated as ``profile``, or None where no
+    neighbour is better: the best ranked (:func:`~chkpt_opt.solvers.base.rank`) where it or
+    the schedule fits; while neither fits, the one that lowers the peak most per second of
+    recompute it adds (the most bytes where it adds none), so that a search from a start
+    far above the budget does not buy its first bytes at any cost; where none lowers the
+    peak, the cheapest of the same peak."""
+    best = lowest_ranked(judged, budget_bytes)
+    if best is None:
+        return None
+    if best[1].peak_bytes <= budget_bytes or profile.peak_bytes <= budget_bytes:
+        return best if rank(best[1], budget_bytes) < rank(profile, budget_bytes) else None
+    lower = [pair for pair in judged if pair[1].peak_bytes < profile.peak_bytes]
+
+    def gain(pair: tuple[Schedule, MemoryProfile]) -> tuple[int, float]:
+        added_s = pair[1].recompute_s - profile.recompute_s
+        saved_bytes = profile.peak_bytes - pair[1].peak_bytes
+        return (0, -saved_bytes) if added_s <= 0 else (1, -saved_bytes / added_s)
+
+    if lower:
+        return min(lower, key=gain)
+    # the same peak, cheaper: a step aside that may open lower peaks
+    return best if rank(best[1], budget_bytes) < rank(profile, budget_bytes) else None
+
+
+CHEAP_SHARE = 0.05
+"""An op worth unpacking is *cheap* where its forward time is below this share of the
+mean forward time of the graph's ops (pools, unpools, concats beside convolutions)."""
+
+
+def unpacked_starts(graph: CostGraph, schedule: Schedule) -> list[Schedule]:
+    """``schedule`` with more ops unpacked: its cheap ops worth unpacking
+    (:func:`~chkpt_opt.unpack.unpack_candidates`, :data:`CHEAP_SHARE`), and every op worth
+    unpacking; and, where it has regions, no region and the cheap ops unpacked (the search
+    then adds the regions it needs). Empty where no op is worth unpacking."""
+    found = unpack_candidates(graph, _in_regions(schedule))
+    if not found:
+        return []
+    # and the ops whose outputs those ops read, unpacked as well: chains of cheap ops
+    while True:
+        more = unpack_candidates(graph, _in_regions(schedule), frozenset(found))
+        if len(more) == len(found):
+            break
+        found = more
+    times = [a["fwd_time_s"] for _, a in graph.nodes(data=True)]
+    cheap_s = CHEAP_SHARE * sum(times) / len(times)
+
+    def times_s(node: str) -> float:
+        return float(graph.nodes[node]["fwd_time_s"])
+
+    cheap = frozenset(n for n in found if times_s(n) < cheap_s)
+    starts = [schedule.with_unpacked(schedule.unpacked | cheap)] if cheap else []
+    if len(cheap) < len(found):
+        starts.append(schedule.with_unpacked(schedule.unpacked | frozenset(found)))
+    if schedule.regions:  # no region: the cheap ops unpacked alone, the search adds regions
+        alone = frozenset(n for n in unpack_candidates(graph, frozenset()) if times_s(n) < cheap_s)
+        while alone:
+            more = frozenset(
+                n for n in unpack_candidates(graph, frozenset(), alone) if times_s(n) < cheap_s
+            )
+            if more == alone:
+                break
+            alone = more
+        if alone:
+            starts.append(Schedule(unpacked=alone))
+    return starts
+
+
 def _first(graph: CostGraph) -> Callable[[tuple[str, ...]], int]:
     return lambda region: graph.nodes[region[0]]["index"]
 
@@ -128,10 +243,14 @@ class CachingSolver:
     Attributes:
         warm_start: the schedule to start from; None: greedy's schedule at the budget.
         max_moves: most improving moves taken.
+        unpack: also move unpacked ops (recompute on unpack), and search again from the
+            warm start with the ops worth unpacking unpacked (:func:`unpacked_starts`),
+            keeping the best end.
     """
 
     warm_start: Schedule | None = None
     max_moves: int = 200
+    unpack: bool = True
     name: str = "cached"
 
     def __call__(
@@ -146,33 +265,45 @@ class CachingSolver:
             ).schedule
         check_schedule(graph, current)
         allowed = cacheable_ops(graph)
-        profile = simulate(graph, current, check=False)
-        score = rank(profile, budget_bytes)
-        moves = tried = 0
+        starts = [current, *(unpacked_starts(graph, current) if self.unpack else [])]
+        counts = {"moves": 0, "tried": 0}
         timed_out = False
 
-        def simulated() -> Iterator[tuple[Schedule, MemoryProfile]]:
-            nonlocal tried, timed_out
-            for candidate in neighbours(graph, current, allowed):
-                if deadline.expired():
-                    timed_out = True
-                    return
-                try:
-                    check_schedule(graph, candidate)
-                except ScheduleError:
-                    continue
-                tried += 1
-                yield candidate, simulate(graph, candidate, check=False)
+        def descend(current: Schedule) -> tuple[Schedule, MemoryProfile]:
+            """The search from one start, until no neighbour is better."""
+            nonlocal timed_out
+            profile = simulate(graph, current, check=False)
 
-        while moves < self.max_moves:
-            best = lowest_ranked(simulated(), budget_bytes)
-            if best is None or rank(best[1], budget_bytes) >= score:
-                break
-            current, profile = best
-            score = rank(profile, budget_bytes)
-            moves += 1
-            if timed_out:
-                break
+            def simulated() -> Iterator[tuple[Schedule, MemoryProfile]]:
+                nonlocal timed_out
+                for candidate in neighbours(graph, current, allowed, unpack=self.unpack):
+                    if deadline.expired():
+                        timed_out = True
+                        return
+                    try:
+                        check_schedule(graph, candidate)
+                    except ScheduleError:
+                        continue
+                    counts["tried"] += 1
+                    yield candidate, simulate(graph, candidate, check=False)
+
+            for _ in range(self.max_moves):
+                if timed_out:
+                    break
+                best = best_move(list(simulated()), profile, budget_bytes)
+                if best is None:
+                    break
+                current, profile = best
+                counts["moves"] += 1
+            return current, profile
+
+        # The warm start first: a search cut by the time limit keeps what it reached.
+        ends = [descend(starts[0])]
+        ends += [descend(s) for s in starts[1:] if not timed_out]
+        found = lowest_ranked(ends, budget_bytes)
+        assert found is not None  # the warm start's descent always ends
+        current, profile = found
+        moves, tried = counts["moves"], counts["tried"]
         return result_from_profile(
             current,
             profile,
@@ -184,6 +315,7 @@ class CachingSolver:
                 "moves": moves,
                 "neighbours_tried": tried,
                 "cached_ops": len(current.saved),
+                "unpacked_ops": len(current.unpacked),
                 "search_cut_by_time_limit": timed_out,
             },
         )

@@ -128,3 +128,7 @@ def test_a_checkmate_schedule_outside_our_space_is_cheaper_and_fits() -> None:
     assert {op for _, ops in found.recomputed for op in ops} == {"conv1"}
     assert found.checkmate_peak_bytes is not None and found.checkmate_peak_bytes <= budget
     assert found.objective_s is not None and found.objective_s < best_ours * 0.99
+    # recompute on unpack runs it: conv1 unpacked has Checkmate's cost at a peak that fits
+    unpacked = simulate(graph, Schedule(unpacked=frozenset({"conv1"})))
+    assert unpacked.peak_bytes <= budget
+    assert unpacked.recompute_s == pytest.approx(found.objective_s, rel=1e-6)
