@@ -38,7 +38,9 @@ PACKAGE_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"graphs"}),  # the CostGraph, its files; the tracer (fake tensors only)
     frozenset({"codegen"}),  # the rewritten fx module that runs a schedule
     frozenset({"measurement"}),  # op times, kernel workspace, region costs; a real step
-    frozenset({"api", "attachment", "validation", "export", "bench", "cli"}),  # the drivers
+    frozenset(
+        {"api", "solved_plan", "attachment", "validation", "export", "bench", "cli"}
+    ),  # drivers
 )
 """The torch-facing parts of chkpt_opt, lowest first: a part (a top-level module or
 subpackage) imports from its own layer or a lower one, never from a higher one. Parts not

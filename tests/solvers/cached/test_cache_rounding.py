@@ -162,7 +162,7 @@ def test_the_summary_says_what_a_schedule_beyond_keep_set_beat() -> None:
     was proven optimal (the quickstart's plan: 0.02% below a proven keep-set optimum)."""
     import dataclasses
 
-    from chkpt_opt.api import _beyond_keep_set_note
+    from chkpt_opt.api.solved_plan import _beyond_keep_set_note
 
     graph = load_graph(CORPUS / "gpt_small.json")
     budget = int(0.8 * simulate(graph, Schedule()).peak_bytes)

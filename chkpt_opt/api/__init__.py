@@ -1,0 +1,254 @@
+"""The public API: trace, solve, simulate, plan (the in-place ``optimize`` is in
+:mod:`chkpt_opt.attachment`).
+
+Words: to *trace* a model is to turn it and example inputs into a CostGraph (the tracer on
+fake tensors, then what :mod:`chkpt_opt.measurement` measures on the device); to *apply* a
+schedule to a model is to return a new module that runs the schedule and shares the model's
+Parameters and buffers (codegen's :func:`~chkpt_opt.codegen.rewrite_module`).
+
+Units: solvers and the simulator count activation bytes (what the forward and backward
+passes create); :func:`solve` and :func:`plan` take the budget of the whole training step
+and report both (see :mod:`chkpt_opt.whole_step`, where :func:`solve`,
+:func:`simulate_step` and the budget split live).
+
+Example:
+    >>> import torch, chkpt_opt
+    >>> net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    >>> x = torch.randn(32, 64)
+    >>> plan = chkpt_opt.plan(net, (x,), budget="1MB", optimizer=None)
+    >>> plan.predicted_peak_bytes <= 1_000_000
+    True
+    >>> optimized = plan.apply()   # train it like `net`; it shares net's parameters
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chkpt_opt.api.solved_plan import Plan
+from chkpt_opt.budget import Budget
+from chkpt_opt.codegen import rewrite_module
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.tracer import Traced, trace_model
+from chkpt_opt.measurement import trace_and_measure
+from chkpt_opt.measurement.step import device_of
+from chkpt_opt.measurement.timed_choice import (
+    prepare_choice,
+    wanted,
+    with_timed_choice,
+)
+from chkpt_opt.schedule_io import load_schedule
+from chkpt_opt.sharding import (
+    Sharding,
+    per_rank_graph,
+    traced_module_and_sharding,
+)
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers import get_solver, smallest_peak
+from chkpt_opt.whole_step import (
+    OptimizerArg,
+    StepProfile,
+    StepSolveResult,
+    activation_budget,
+    simulate_step,
+    solve,
+    static_memory_for,
+    unmet_budget_error,
+)
+
+__all__ = [
+    "OptimizerArg",
+    "Plan",
+    "StepProfile",
+    "StepSolveResult",
+    "activation_budget",
+    "apply",
+    "plan",
+    "plan_traced",
+    "simulate_step",
+    "smallest_peak",
+    "solve",
+    "static_memory_for",
+    "trace",
+]
+
+log = logging.getLogger(__name__)
+
+
+def plan(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    budget: int | str | Budget,
+    solver: str = "auto",
+    optimizer: OptimizerArg = "adamw",
+    example_kwargs: dict[str, Any] | None = None,
+    time_limit_s: float | None = None,
+    tracer: str = "auto",
+    profile_times: bool | None = None,
+    sharding: Sharding | None = None,
+) -> Plan:
+    """Traces ``model`` and solves for the cheapest schedule whose whole step fits ``budget``.
+
+    Args:
+        model: the model, in the mode it will train in (``model.train()``).
+        example_inputs: positional inputs of one step (tensors, or nested containers of them).
+        budget: peak memory of the whole training step: ``"20GB"``, ``"20GiB"``, bytes, or
+            ``"80%"`` of the CUDA device.
+        solver: a registered solver name (see :func:`available_solvers`) or ``"auto"``.
+        optimizer: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, another known name, a
+            torch.optim optimizer instance, or None to count no optimizer state.
+        example_kwargs: keyword inputs of one step.
+        time_limit_s: time limit of the whole call, tracing included: the solver gets what
+            the trace left (at least one second), and so does the search for the smallest
+            feasible budget when the budget cannot be met.
+        tracer: ``"auto"`` (torch.export, then torch.fx), ``"export"`` or ``"fx"``.
+        profile_times: time every op's forward on the model's device, so the solver weighs
+            recomputation by measured rather than estimated times (runs the model a few
+            times), and measure what one recompute region costs beyond its ops there
+            (:mod:`chkpt_opt.measurement.region_costs`), which every region of a plan is
+            charged: what :func:`trace` measures with it.
+            None (the default): on for a model on a CUDA device, off elsewhere. On a GPU
+            the roofline estimate misjudges small, launch-bound kernels: the zoo GPT and
+            ResNet planned at half their activations on an H200 ran at 2.86x and 3.21x the
+            original's step time on it, and at 1.49x and 1.67x planned on measured times
+            (``benchmarks/results/cuda/cuda_times.md``). On the CPU the estimate is kept
+            by default, so the same model and budget give the same plan.
+        sharding: plan one rank of sharded training (:class:`chkpt_opt.sharding.Sharding`:
+            FSDP2 or DDP, the world size); ``budget`` is then per rank and the example
+            inputs one rank's local batch. None: read off a DDP-wrapped model, else one
+            device. Plan a model before ``fully_shard`` (its sharded parameters cannot be
+            captured).
+
+    Raises:
+        BudgetError: unreadable budget, or below the resident memory.
+        InfeasibleBudgetError: no schedule fits; the message states the smallest budget that
+            the available solvers can meet, in GB and GiB.
+        TraceError: the model or its inputs cannot be traced.
+    """
+    start = time.perf_counter()
+    model, sharding = traced_module_and_sharding(model, sharding)
+    if profile_times is None:
+        profile_times = device_of(model, (example_inputs,)).type == "cuda"
+    traced = trace_and_measure(
+        model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
+    )
+    left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
+    made = plan_traced(
+        traced,
+        budget=budget,
+        solver=solver,
+        optimizer=optimizer,
+        time_limit_s=left,
+        sharding=sharding,
+    )
+    log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
+    return made
+
+
+def plan_traced(
+    traced: Traced,
+    *,
+    budget: int | str | Budget,
+    solver: str = "auto",
+    optimizer: OptimizerArg = "adamw",
+    time_limit_s: float | None = None,
+    sharding: Sharding | None = None,
+    timed_choice: bool | None = None,
+) -> Plan:
+    """:func:`plan` for a model already traced: the budget split, the solve and the
+    simulation of its schedule, on ``traced.graph`` as it is (measure it first through
+    :func:`chkpt_opt.measurement.measure_traced`, as :func:`plan` does). ``time_limit_s``
+    bounds this call (at least one second for the solver, and again for the search for the
+    smallest feasible budget when the budget cannot be met); ``sharding`` as in
+    :func:`plan`.
+
+    ``timed_choice``: time the solver's schedule against the model's own checkpointing
+    layouts that fit the budget and keep the fastest
+    (:mod:`chkpt_opt.measurement.timed_choice`; ``result.stats["timed_choice"]``). By
+    default on where it means something: solver ``auto``, op times measured on the
+    model's device, one device (no ``sharding``).
+
+    Raises:
+        BudgetError, InfeasibleBudgetError: as :func:`plan`.
+    """
+    start = time.perf_counter()
+
+    def left_s(reserved_s: float = 0.0) -> float | None:
+        if time_limit_s is None:
+            return None
+        return max(1.0, time_limit_s - reserved_s - (time.perf_counter() - start))
+
+    graph = traced.graph
+    parsed, static, act = activation_budget(graph, budget, optimizer=optimizer, sharding=sharding)
+    graph = per_rank_graph(graph, sharding)
+    if timed_choice is None:
+        timed_choice = wanted(graph, solver=solver, sharded=sharding is not None)
+    layouts, rounds, reserved_s = (
+        prepare_choice(graph, act, time_limit_s=time_limit_s) if timed_choice else ({}, 0, 0.0)
+    )
+    result = get_solver(solver)(graph, act, time_limit_s=left_s(reserved_s))
+    if not result.feasible:
+        raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s())
+    result = with_timed_choice(traced, graph, result, layouts, rounds)
+    return Plan(
+        graph=graph,
+        result=result,
+        budget=parsed,
+        static=static,
+        activation_budget_bytes=act,
+        profile=simulate(graph, result.schedule),
+        traced=traced,
+        sharding=sharding,
+    )
+
+
+def apply(
+    model: torch.nn.Module,
+    path: str | Path,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    tracer: str = "auto",
+    for_compile: bool = False,
+) -> torch.nn.Module:
+    """Applies the schedule saved in a file to ``model`` (see the module docstring), without
+    solving: the module :meth:`Plan.apply` returns for the plan that saved it.
+
+    The model is traced (on fake tensors) to rebuild its graph; the file is refused if it
+    was made for another model or other input shapes. ``for_compile`` as in
+    :meth:`Plan.apply`.
+
+    Raises:
+        ScheduleError: malformed file, other format version, or a fingerprint mismatch.
+    """
+    loaded = load_schedule(path)
+    traced = trace_model(model, example_inputs, example_kwargs, method=tracer)
+    loaded.check_against(traced.graph)
+    return rewrite_module(
+        traced.captured.fresh_module(), traced.graph, loaded.schedule, for_compile=for_compile
+    )
+
+
+def trace(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    tracer: str = "auto",
+    profile_times: bool = False,
+) -> CostGraph:
+    """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`),
+    with what is measured on its device written in (:mod:`chkpt_opt.measurement`): on CUDA
+    the kernel workspace, and with ``profile_times`` every op's time and what regions cost
+    beyond their ops. :func:`plan` traces the same way, so ``trace`` then ``solve`` sees
+    the graph ``plan`` solves."""
+    return trace_and_measure(
+        model, example_inputs, example_kwargs, name=name, method=tracer, profile_times=profile_times
+    ).graph
