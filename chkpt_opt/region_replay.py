@@ -12,7 +12,13 @@ A region also costs time its ops do not hold (the one place this is counted):
   policy, a Python dispatch mode that sees every op: the graph's
   ``cached_region_overhead_s`` once, and ``cached_op_overhead_s`` for every op dispatched
   through it (:func:`policy_dispatches`). Both are measured by
-  :mod:`chkpt_opt.measurement.region_costs` (``trace(..., profile_times=True)``).
+  :mod:`chkpt_opt.measurement.region_costs` (``trace(..., profile_times=True)``);
+* unpacked ops (recompute on unpack) run the forward from the first of them on under
+  saved-tensor hooks, a Python call for every tensor saved there and again when the
+  backward unpacks it: ``cached_op_overhead_s`` for each call (:func:`unpack_hooks_cost_s`;
+  the same kind of cost, a Python callback per event, as the policy's per-op dispatch; not
+  measured apart). Without that charge the cached-op search unpacked three ops of a
+  padded BERT for 0.2% less predicted recomputation, far less than its hooks cost.
 """
 
 from __future__ import annotations
@@ -129,8 +135,27 @@ def policy_cost_s(graph: CostGraph, dispatches: int) -> float:
     return per_region + per_op * dispatches
 
 
+def unpack_hooks_cost_s(graph: CostGraph, schedule: Schedule) -> float:
+    """Seconds the saved-tensor hooks of ``schedule``'s unpacked ops add to a step (see the
+    module docstring): two calls for every tensor that an op outside every region, from the
+    first unpacked op on, saves."""
+    per_call = float(graph.graph.get("cached_op_overhead_s", 0.0))
+    if not schedule.unpacked or per_call == 0.0:
+        return 0.0
+    order = ordered_nodes(graph)
+    first = min(graph.nodes[n]["index"] for n in schedule.unpacked)
+    in_regions = {n for region in schedule.regions for n in region}
+    packs = sum(
+        len(graph.nodes[n]["saved"])
+        for n in order
+        if graph.nodes[n]["index"] >= first and n not in in_regions
+    )
+    return 2 * per_call * packs
+
+
 def schedule_overhead_s(graph: CostGraph, schedule: Schedule) -> float:
-    """Seconds the regions of ``schedule`` add to a step beyond the ops they recompute."""
+    """Seconds the regions and the unpacked ops of ``schedule`` add to a step beyond the
+    ops they recompute."""
     regions = len(schedule.regions) + len(schedule.nested)
     policies = sum(policy_cost_s(graph, d) for d in policy_dispatches(graph, schedule))
-    return region_overhead_s(graph) * regions + policies
+    return region_overhead_s(graph) * regions + policies + unpack_hooks_cost_s(graph, schedule)

@@ -241,3 +241,14 @@ def test_unpacked_ops_round_trip_as_a_version_three_file(tmp_path: Path) -> None
     jsonschema.validate(data, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(dict(data, schedule=dict(data["schedule"], unpacked=[1])), schema)
+
+
+def test_measured_hook_calls_are_charged_for_every_tensor_saved_under_the_hooks() -> None:
+    # n0..n3 each save their input; n1 unpacked: the hooks see the saves of n1, n2, n3
+    # (3 tensors), packed in the forward and unpacked in the backward
+    g = chain_graph(4, activation_bytes=100, fwd_time_s=[1.0, 2.0, 4.0, 8.0])
+    plain = simulate(g, _unpack("n1")).recompute_s
+    g.graph["cached_op_overhead_s"] = 0.25
+    assert simulate(g, _unpack("n1")).recompute_s == pytest.approx(plain + 2 * 3 * 0.25)
+    assert simulate(g, _unpack("n2")).recompute_s == pytest.approx(4.0 + 2 * 2 * 0.25)
+    assert simulate(g, Schedule()).recompute_s == 0.0
