@@ -428,7 +428,7 @@ def test_missing_and_directory_paths_are_refused(workdir: Path) -> None:
 
 
 HOSTILE_SCHEDULES: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "unknown version": (_set(("format_version",), 3), "format_version 3"),
+    "unknown version": (_set(("format_version",), 99), "format_version 99"),
     "other format": (_set(("format",), "chkpt_opt.costgraph"), "not a chkpt_opt schedule"),
     "no fingerprint": (_set(("graph",), {"name": "x"}), "graph.fingerprint"),
     "fingerprint not a string": (_set(("graph", "fingerprint"), 12), "graph.fingerprint"),
