@@ -105,20 +105,30 @@ def reserve_s(graph: CostGraph, layouts: Mapping[str, Schedule], rounds: int) ->
     is expected to take: every step is the graph's forward and backward op times plus the
     layout's recomputation (the plan's is taken as the costliest layout's), times
     :data:`STEP_OVERHEAD`."""
+    return (rounds + 1) * _round_s(graph, layouts)
+
+
+def _round_s(graph: CostGraph, layouts: Mapping[str, Schedule]) -> float:
+    """Seconds one round of :func:`reserve_s` is expected to take (0 without layouts)."""
     if not layouts:
         return 0.0
     attrs = graph.nodes
     base_s = sum(attrs[n]["fwd_time_s"] + attrs[n]["bwd_time_s"] for n in graph.nodes)
     recompute = [simulate(graph, s).recompute_s for s in layouts.values()]
     steps_s = sum(base_s + r for r in recompute) + base_s + max(recompute)
-    return STEP_OVERHEAD * (rounds + 1) * steps_s
+    return STEP_OVERHEAD * steps_s
 
 
 def rounds_within(graph: CostGraph, layouts: Mapping[str, Schedule], limit_s: float) -> int:
     """The most rounds (at most :data:`TIMED_ROUNDS`) whose :func:`reserve_s` fits
     :data:`RESERVE_SHARE` of ``limit_s``; 0 where fewer than :data:`MIN_ROUNDS` fit."""
+    return _rounds_for(_round_s(graph, layouts), limit_s)
+
+
+def _rounds_for(round_s: float, limit_s: float) -> int:
+    """:func:`rounds_within` for rounds of ``round_s`` seconds each."""
     for rounds in range(TIMED_ROUNDS, MIN_ROUNDS - 1, -1):
-        if reserve_s(graph, layouts, rounds) <= RESERVE_SHARE * limit_s:
+        if (rounds + 1) * round_s <= RESERVE_SHARE * limit_s:
             return rounds
     return 0
 
@@ -151,7 +161,7 @@ def fastest(
     if rounds < 1:
         raise ValueError(f"rounds = {rounds} must be >= 1")
     names = list(candidates)
-    timing_start = _now()
+    timing_start = time.perf_counter()
     modules = {
         name: rewrite_module(traced.captured.fresh_module(), graph, candidates[name])
         for name in names
@@ -173,7 +183,7 @@ def fastest(
         for name in names
     }
     chosen = min(names, key=lambda name: (ratios[name], names.index(name)))
-    return TimedChoice(chosen, ratios, rounds, _now() - timing_start)
+    return TimedChoice(chosen, ratios, rounds, time.perf_counter() - timing_start)
 
 
 def wanted(graph: CostGraph, *, solver: str, sharded: bool) -> bool:
@@ -196,10 +206,11 @@ def prepare_choice(
     layouts = fitting_layouts(graph, budget_bytes)
     if not layouts:
         return {}, 0, 0.0
-    rounds = TIMED_ROUNDS if time_limit_s is None else rounds_within(graph, layouts, time_limit_s)
+    round_s = _round_s(graph, layouts)
+    rounds = TIMED_ROUNDS if time_limit_s is None else _rounds_for(round_s, time_limit_s)
     if rounds == 0:
         return {}, 0, 0.0
-    return layouts, rounds, reserve_s(graph, layouts, rounds)
+    return layouts, rounds, (rounds + 1) * round_s
 
 
 def with_timed_choice(
@@ -253,7 +264,3 @@ def describe(stats: Mapping[str, Any]) -> str:
         f"timed against the model's own checkpointing ({timed['rounds']} rounds, step time "
         f"over the plan's: {ratios}): {kept} runs"
     )
-
-
-def _now() -> float:
-    return time.perf_counter()
