@@ -25,6 +25,7 @@ from chkpt_opt.codegen.state import (
     state_info,
 )
 from chkpt_opt.codegen.unpack import outline_unpack_scope
+from chkpt_opt.codegen.wrapped_call import wrapped_call
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
@@ -108,20 +109,13 @@ def _cached_call(
     """Copies ``node`` of region ``k`` into ``flat`` as a call of ``run_cached_for_compile``
     (the callee, which fx code cannot name inline, becomes an attribute of the flat
     module, named after the region: outer regions' flat modules take it over)."""
-    args = tuple(torch.fx.map_arg(node.args, lambda x: env[x]))
-    kwargs = dict(torch.fx.map_arg(node.kwargs, lambda x: env[x]))
-    if node.op == "call_method":
-        callee = flat.call_function(getattr, (args[0], node.target))
-        args = args[1:]
-    elif node.op == "call_module":
-        callee = flat.get_attr(str(node.target))
-    else:
+
+    def store(target: Any) -> str:
         name = f"{_CALLEE}{k}_{len(callees)}"
-        callees[name] = node.target
-        callee = flat.get_attr(name)
-    call = flat.call_function(run_cached_for_compile, (node.name, callee, *args), kwargs)
-    call.meta = dict(node.meta)
-    return call
+        callees[name] = target
+        return name
+
+    return wrapped_call(flat, node, env, run_cached_for_compile, store, node.name)
 
 
 def _outline(

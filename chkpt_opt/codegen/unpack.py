@@ -43,6 +43,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map
 
 from chkpt_opt.codegen.runtime import CheckpointRegion
+from chkpt_opt.codegen.wrapped_call import wrapped_call
 from chkpt_opt.errors import ScheduleError
 
 _CALLEE = "_chkpt_unpacked_callee_"
@@ -338,17 +339,10 @@ def _unpacked_call(
 ) -> torch.fx.Node:
     """``node`` copied into ``sub`` as a call of :func:`run_unpacked` (a function's callee
     becomes an attribute of ``gm``, which the body copies)."""
-    args = tuple(torch.fx.map_arg(node.args, lambda x: env[x]))
-    kwargs = dict(torch.fx.map_arg(node.kwargs, lambda x: env[x]))
-    if node.op == "call_method":
-        callee = sub.call_function(getattr, (args[0], node.target))
-        args = args[1:]
-    elif node.op == "call_module":
-        callee = sub.get_attr(str(node.target))
-    else:
+
+    def store(target: Any) -> str:
         name = f"{_CALLEE}{node.name}"
-        setattr(gm, name, node.target)
-        callee = sub.get_attr(name)
-    call = sub.call_function(run_unpacked, (callee, *args), kwargs)
-    call.meta = dict(node.meta)
-    return call
+        setattr(gm, name, target)
+        return name
+
+    return wrapped_call(sub, node, env, run_unpacked, store)
