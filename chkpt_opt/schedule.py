@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from chkpt_opt.errors import ScheduleError, short
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.unpack import check_unpacked
+from chkpt_opt.unpack.rule import self_contained_ops
 
 SCHEDULE_KIND = "keep_set"
 GENERAL_KIND = "regions"
@@ -238,18 +239,7 @@ def cacheable_ops(graph: CostGraph) -> frozenset[str]:
     costs memory and saves no compute), and whose outputs no op writes in place later
     (the cache would hold a changed tensor). Random ops are left out: dropout draws its
     mask into a buffer in place, which a cache of all its kernels' outputs cannot hold."""
-    written = {
-        sid for n, a in graph.nodes(data=True) if a["is_inplace"] for sid in storage_refs(graph, n)
-    }
-    return frozenset(
-        n
-        for n, a in graph.nodes(data=True)
-        if a["outputs"]
-        and not a["aliases"]
-        and not a["is_inplace"]
-        and not a["is_random"]
-        and not any(sid in written for sid in a["outputs"])
-    )
+    return self_contained_ops(graph)
 
 
 def cache_candidates(graph: CostGraph, schedule: Schedule) -> list[str]:

@@ -74,13 +74,13 @@ def unpack_problem(graph: CostGraph, node: str) -> str:
     return ""
 
 
-def unpackable_ops(graph: CostGraph) -> frozenset[str]:
-    """The ops a schedule may unpack where they lie outside every region (see the module
-    docstring)."""
+def self_contained_ops(graph: CostGraph) -> frozenset[str]:
+    """Ops that own every storage they return (no view, not in place), whose outputs no op
+    writes in place later, and that draw no random numbers: what a cache can hold or a
+    recipe remake (:func:`chkpt_opt.schedule.cacheable_ops`, :func:`unpackable_ops`)."""
     written = {
         sid for n, a in graph.nodes(data=True) if a["is_inplace"] for sid in storage_refs(graph, n)
     }
-    outputs = set(graph.graph["outputs"])
     return frozenset(
         n
         for n, a in graph.nodes(data=True)
@@ -88,9 +88,18 @@ def unpackable_ops(graph: CostGraph) -> frozenset[str]:
         and not a["aliases"]
         and not a["is_inplace"]
         and not a["is_random"]
-        and not a["is_stateful"]
-        and n not in outputs
         and not any(sid in written for sid in a["outputs"])
+    )
+
+
+def unpackable_ops(graph: CostGraph) -> frozenset[str]:
+    """The ops a schedule may unpack where they lie outside every region (see the module
+    docstring): the self-contained ones that are not stateful nor a step output."""
+    outputs = set(graph.graph["outputs"])
+    return frozenset(
+        n
+        for n in self_contained_ops(graph)
+        if not graph.nodes[n]["is_stateful"] and n not in outputs
     )
 
 
