@@ -27,24 +27,23 @@ schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-6
 The keep-set stages stop at 90% of the limit (``general_share``), with two exceptions. The
 pruned search (``blocks_first``) runs its block search (on graphs of repeated blocks) before
 building its program's model, for as long as it has in ``pruned`` alone (half the limit,
-from auto's start) or, where the program, sized without its model, cannot be built in time
-(``stats["exact_skipped"]``) and greedy's schedule fits, to the whole limit; its exact phase
-gets what is left up to that 90% (``exact_share``). On the padded Llama of
-``tests/data/hf_padded`` the block search needs 15-20 s of a 20 s limit, so the contract
-against ``hierarchical`` alone holds there only on a machine not loaded beyond its cores
-(``python benchmarks/hf_contract.py``, docs/limits.md). And where no heuristic's keep-set
+from auto's start), also where the program, sized without its model, cannot be built in
+time (``stats["exact_skipped"]``; ``pruned`` alone then runs the block search to the whole
+limit): a block search proves nothing, and the cached-op search after it found 15-19% less
+recompute on two padded Llama graphs than the block search to the whole limit; its exact
+phase gets what is left up to that 90% (``exact_share``). And where no heuristic's keep-set
 schedule fits, the exact keep-set stage ends at ``NO_FIT_KEEP_SET_SHARE`` of the limit. In
 the time left after the keep-set stages, ``dp_nested`` (exact over nested schedules that
 cache nothing, on graphs that are simple chains; where no keep-set schedule fits, also over
 the blocks between a graph's separators; it refuses others at once) runs; where no keep-set
 schedule fits, the nested (multi-level) heuristic then looks below the keep-set memory
 floor with half the time left; the cached-op search starts from the keep-set result, from
-greedy's schedule and, where it is better, from the rounded schedule. Then, unless the best so
-far meets the recompute bound, the exact program over one-level schedules with cached ops
-(``milp_cached``, started from the keep-set result, searching only schedules cheaper than
-the best so far) runs in all the time left (where nothing fits, its lowest-peak search in at
-most ``LOWEST_PEAK_SHARE`` of the limit),
-and the cached-op search from its schedule where that is the best. Proofs over parts of
+greedy's schedule (where it differs) and, where it is better, from the rounded schedule.
+Then, unless the best so far meets the recompute bound, the exact program over one-level
+schedules with cached ops (``milp_cached``, started from the keep-set result, searching
+only schedules cheaper than the best so far) runs in all the time left (where nothing fits,
+its lowest-peak search in at most ``LOWEST_PEAK_SHARE`` of the limit), and the cached-op
+search from its schedule where that is the best. Proofs over parts of
 the space beyond keep-set (``dp_nested``'s, ``milp_cached``'s) are reported in
 ``stats["space_optima"]``, keyed by what each proves. A schedule from them
 wins only if it is better (cheaper while fitting, or a lower peak while nothing fits); it
@@ -76,6 +75,7 @@ from chkpt_opt.solvers.base import Solver, SolveResult, SolveStatus, best_of, me
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
 from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.keepset.choice import PRUNED_MAX_OPS, PRUNED_MIN_POSITIONS, pick_exact
 from chkpt_opt.solvers.registry import get_solver, register
@@ -266,16 +266,17 @@ class AutoSolver:
 def _pruned_shares(deadline: Deadline, whole: Deadline) -> dict[str, float | bool]:
     """The pruned search's settings when it runs to ``whole`` (auto's limit): its block
     search first, for as long as it has alone (``incumbent_share`` of auto's limit, counted
-    from the pruned search's start), or to ``whole`` where the exact program cannot be built
-    in time; its exact phase ends at ``deadline`` (the keep-set stages'). See the module
+    from the pruned search's start), whether or not its exact program can be built in time;
+    its exact phase ends at ``deadline`` (the keep-set stages'). See the module
     docstring."""
     keep_s, whole_s, limit_s = deadline.remaining_s(), whole.remaining_s(), whole.limit_s
     if keep_s is None or whole_s is None or limit_s is None or whole_s <= 0.0:
         return {"blocks_first": True}
-    alone = get_solver("pruned").incumbent_share
+    alone = min(1.0, get_solver("pruned").incumbent_share * limit_s / whole_s)
     return {
         "exact_share": min(1.0, keep_s / whole_s),
-        "incumbent_share": min(1.0, alone * limit_s / whole_s),
+        "incumbent_share": alone,
+        "skipped_blocks_share": alone,
         "blocks_first": True,
     }
 
@@ -332,8 +333,10 @@ def _beyond_keep_set(
     # 0.90 ms), and below its floor it is what fits (the small GPT at 0.29: 26 ms, where
     # the nested heuristic's plan costs 62 ms).
     searches = [get_solver("dp_nested", blocks=not keep.feasible)] if nesting else []
+    left_s = deadline.remaining_s()
+    greedy = greedy_sweep(graph, budget_bytes, time_limit_s=left_s).schedule
+    starts += [] if greedy in starts else [greedy]  # keep-set's result is often greedy's
     searches += [get_solver("cached", warm_start=start) for start in starts]
-    searches.append(get_solver("cached"))  # from greedy's schedule
     weights = [1.0] * len(searches)
     if nesting and not keep.feasible:  # below the keep-set floor: half the time left first
         searches.insert(1, get_solver("nested"))

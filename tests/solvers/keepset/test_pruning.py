@@ -277,6 +277,34 @@ def test_a_program_too_large_for_the_time_left_gives_the_block_search_that_time(
     assert result.objective <= quick.objective + 1e-15
 
 
+def test_a_skipped_exact_phase_ends_the_first_block_search_at_its_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """auto's setting: where the program is too large to build, the block search still
+    ends at its share of the limit (it proves nothing; auto's cached-op search gets the
+    rest), and the program is not sized again after it."""
+    graph = load_graph(CORPUS / "gpt_small.json")  # repeated blocks
+    budget = int(simulate(graph, Schedule()).peak_bytes * 0.6)
+    monkeypatch.setattr(pruned_search, "EXACT_BUILD_TERMS_PER_S", 1.0)
+    sized: list[int] = []
+    counted = pruned_search.program_terms_lower
+
+    def counting(*args: object, **kwargs: object) -> int:
+        sized.append(1)
+        return counted(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pruned_search, "program_terms_lower", counting)
+    start = time.perf_counter()
+    result = get_solver("pruned", blocks_first=True, skipped_blocks_share=0.25)(
+        graph, budget, time_limit_s=12
+    )
+    assert time.perf_counter() - start < 0.25 * 12 + 2
+    assert_valid_result(graph, result, budget)
+    assert "program terms" in result.stats["exact_skipped"]
+    assert len(sized) == 1
+    assert result.status == SolveStatus.FEASIBLE and result.bound is None
+
+
 def test_pruned_solver_returns_the_incumbent_when_out_of_time() -> None:
     graph = random_dag(160, seed=3, skip_prob=0.5, max_inputs=3)
     budget = int(simulate(graph, Schedule()).peak_bytes * 0.9)  # greedy fits
