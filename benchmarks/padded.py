@@ -186,7 +186,9 @@ def against_hf(
         row["plan_fits"] = "yes" if measured <= hf_peak else "no"
         row["plan_cached_ops"] = len(made.schedule.saved)
         timed = made.result.stats.get("timed_choice")
-        if timed is not None:  # the solver's schedule timed against HF's own layouts
+        if timed is not None and timed.get("skipped"):
+            row["plan_timed_choice"] = f"not timed: {timed['skipped']}"
+        elif timed is not None:  # the solver's schedule timed against HF's own layouts
             row["plan_timed_choice"] = (
                 f"{timed['chosen']} ("
                 + ", ".join(f"{k} {v:.3f}" for k, v in timed["ratios"].items())

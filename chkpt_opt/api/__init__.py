@@ -195,7 +195,8 @@ def plan_traced(
     result = get_solver(solver)(graph, act, time_limit_s=left_s(reserved_s))
     if not result.feasible:
         raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s())
-    result = with_timed_choice(traced, graph, result, layouts, rounds)
+    if timed_choice:
+        result = with_timed_choice(traced, graph, result, layouts, rounds)
     return Plan(
         graph=graph,
         result=result,

@@ -202,15 +202,13 @@ def prepare_choice(
 ) -> tuple[dict[str, Schedule], int, float]:
     """What a timed choice after the solve needs before it: the layouts that fit, the
     rounds that the time limit leaves room for, and the seconds to reserve for them (no
-    layout, or no room: ``({}, 0, 0.0)``)."""
+    layout: ``({}, 0, 0.0)``; no room: ``(layouts, 0, 0.0)``)."""
     layouts = fitting_layouts(graph, budget_bytes)
     if not layouts:
         return {}, 0, 0.0
     round_s = _round_s(graph, layouts)
     rounds = TIMED_ROUNDS if time_limit_s is None else _rounds_for(round_s, time_limit_s)
-    if rounds == 0:
-        return {}, 0, 0.0
-    return layouts, rounds, (rounds + 1) * round_s
+    return layouts, rounds, (rounds + 1) * round_s if rounds else 0.0
 
 
 def with_timed_choice(
@@ -225,17 +223,20 @@ def with_timed_choice(
     """``result`` if its schedule ran fastest against the ``layouts`` that differ from it,
     else the result of the fastest layout: its simulated peak and recomputation, status
     ``feasible`` (the solver's bound still holds; the layout is not its proven optimum).
-    Either way ``stats["timed_choice"]`` says what was timed (:class:`TimedChoice`)."""
+    Either way ``stats["timed_choice"]`` says what was timed (:class:`TimedChoice`), or
+    why nothing was (``"equals"``: the plan is a layout; ``"skipped"``: the reason)."""
     same = [name for name, s in layouts.items() if s == result.schedule]
     others = {name: s for name, s in layouts.items() if s != result.schedule}
+    untimed: dict[str, Any] = {"chosen": PLAN, "ratios": {}, "rounds": 0, "seconds": 0.0}
     if same and not others:  # nothing to time: the plan is the model's own layout
-        untimed = {"chosen": PLAN, "equals": same[0], "ratios": {}, "rounds": 0, "seconds": 0.0}
+        untimed["equals"] = same[0]
+    elif not others:
+        untimed["skipped"] = "no layout of the model's own fits the budget"
+    elif rounds < 1:
+        untimed["skipped"] = f"the time limit leaves no room for {MIN_ROUNDS} rounds"
+    if len(untimed) > 4:
+        log.debug("timed choice: not made for %s", untimed)
         return dataclasses.replace(result, stats={**result.stats, "timed_choice": untimed})
-    if not others or rounds < 1:
-        log.debug(
-            "timed choice: no other layout of the model's own fits %d bytes", result.budget_bytes
-        )
-        return result
     choice = fastest(traced, graph, {PLAN: result.schedule, **others}, rounds=rounds, timer=timer)
     stats = {**result.stats, "timed_choice": choice.as_stats()}
     if choice.chosen == PLAN:
@@ -258,6 +259,8 @@ def describe(stats: Mapping[str, Any]) -> str:
         return ""
     if timed.get("equals"):
         return f"the plan is the model's own checkpointing layout {timed['equals']!r}"
+    if timed.get("skipped"):
+        return f"not timed against the model's own checkpointing: {timed['skipped']}"
     ratios = ", ".join(f"{name} {ratio:.3f}" for name, ratio in timed["ratios"].items())
     kept = "the solver's schedule" if timed["chosen"] == PLAN else f"the layout {timed['chosen']!r}"
     return (

@@ -86,7 +86,8 @@ def test_the_layouts_that_fit_are_offered_with_a_reserve(llama: Any) -> None:
     assert reserve_s(graph, fitting, 3) < reserve_s(graph, fitting, 5)
     # a limit too short for MIN_ROUNDS rounds: no choice, nothing reserved
     assert rounds_within(graph, fitting, reserve_s(graph, fitting, MIN_ROUNDS) / 2) == 0
-    assert prepare_choice(graph, lowest, time_limit_s=1e-9) == ({}, 0, 0.0)
+    assert prepare_choice(graph, lowest, time_limit_s=1e-9) == (fitting, 0, 0.0)
+    assert prepare_choice(graph, lowest - 1, time_limit_s=None) == ({}, 0, 0.0)
     assert prepare_choice(graph, lowest, time_limit_s=None)[1] == TIMED_ROUNDS
 
 
@@ -179,3 +180,23 @@ def test_a_plan_that_is_the_models_own_layout_is_not_timed(llama: Any) -> None:
     assert told.schedule == layers
     assert told.stats["timed_choice"]["equals"] == "layers"
     assert describe(told.stats) == "the plan is the model's own checkpointing layout 'layers'"
+
+
+def test_a_choice_not_made_says_why(llama: Any) -> None:
+    graph = llama.graph
+    result, _ = _greedy_above_layers(llama)
+    layers = own_layouts(graph)["layers"]
+
+    def never(*_: Any) -> float:
+        raise AssertionError("nothing to time")
+
+    nothing_fits = with_timed_choice(llama, graph, result, {}, 3, timer=never)
+    no_room = with_timed_choice(llama, graph, result, {"layers": layers}, 0, timer=never)
+    for told in (nothing_fits, no_room):
+        assert told.schedule == result.schedule
+        assert told.stats["timed_choice"]["chosen"] == PLAN
+    assert describe(nothing_fits.stats) == (
+        "not timed against the model's own checkpointing: no layout of the model's own fits "
+        "the budget"
+    )
+    assert "no room for 3 rounds" in describe(no_room.stats)
