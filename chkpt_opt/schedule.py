@@ -46,6 +46,7 @@ from typing import Any
 
 from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.frozen import graph_fact
 from chkpt_opt.unpack import check_unpacked
 from chkpt_opt.unpack.rule import self_contained_ops
 
@@ -156,6 +157,7 @@ class Schedule:
         return [(graph.nodes[r[0]]["index"], graph.nodes[r[-1]]["index"] + 1) for r in self.regions]
 
 
+@graph_fact
 def cut_positions(graph: CostGraph) -> list[bool]:
     """Where a region may begin or end: ``ok[p]`` for the boundary before index ``p``.
 

@@ -68,6 +68,7 @@ from typing import Any
 import networkx as nx
 
 from chkpt_opt.errors import GraphFormatError, short
+from chkpt_opt.graphs.frozen import graph_fact
 
 CostGraph = nx.DiGraph
 """Type alias: a CostGraph is a plain ``networkx.DiGraph`` with the attributes above."""
@@ -225,6 +226,7 @@ def new_graph(
     return graph
 
 
+@graph_fact
 def ordered_nodes(graph: CostGraph) -> list[str]:
     """Node names in execution order."""
     return sorted(graph.nodes, key=lambda n: graph.nodes[n]["index"])
@@ -236,6 +238,7 @@ def storage_refs(graph: CostGraph, node: str) -> list[str]:
     return [*attrs["outputs"], *attrs["aliases"]]
 
 
+@graph_fact
 def storage_owners(graph: CostGraph) -> dict[str, str]:
     """Maps each storage id to the node whose forward allocates it."""
     owners: dict[str, str] = {}

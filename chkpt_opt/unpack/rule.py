@@ -51,6 +51,15 @@ from dataclasses import dataclass, field
 
 from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph, storage_owners, storage_refs
+from chkpt_opt.graphs.frozen import graph_fact
+
+
+@graph_fact
+def written_storages(graph: CostGraph) -> frozenset[str]:
+    """The storages that some op writes in place."""
+    return frozenset(
+        sid for n, a in graph.nodes(data=True) if a["is_inplace"] for sid in storage_refs(graph, n)
+    )
 
 
 def unpack_problem(graph: CostGraph, node: str) -> str:
@@ -66,9 +75,7 @@ def unpack_problem(graph: CostGraph, node: str) -> str:
         return "draws random numbers (a rebuild would draw other ones)"
     if attrs["is_stateful"]:
         return "updates module state (a rebuild would update it twice)"
-    written = {
-        sid for n, a in graph.nodes(data=True) if a["is_inplace"] for sid in storage_refs(graph, n)
-    }
+    written = written_storages(graph)
     if any(sid in written for sid in attrs["outputs"]):
         return "has its output written in place by a later op (a rebuild would miss the write)"
     return ""
@@ -131,6 +138,7 @@ def check_unpacked(graph: CostGraph, unpacked: frozenset[str], inner: Sequence[i
             )
 
 
+@graph_fact
 def rebuilt_storages(graph: CostGraph) -> dict[str, frozenset[str]]:
     """For every op, the storages that unpacking it rebuilds: its outputs, and the buffers
     it owns that another op saves (see the module docstring)."""
@@ -235,15 +243,14 @@ def unpack_plans(
                 held_by[v].setdefault(sid, []).append(u)
                 flat[u] += flat[v]
     plans = []
+    saved_outside: dict[str, list[str]] = {}  # storage -> the ops outside regions saving it
+    for i, n in enumerate(order):
+        if inner[i] < 0:
+            for sid in nodes[n]["saved"]:
+                saved_outside.setdefault(sid, []).append(n)
     for u in ordered:
         outputs = rebuilt[u]
-        savers: dict[str, list[str]] = {}
-        for i, n in enumerate(order):
-            if inner[i] >= 0:
-                continue
-            for sid in nodes[n]["saved"]:
-                if sid in outputs:
-                    savers.setdefault(sid, []).append(n)
+        savers = {sid: names for sid, names in saved_outside.items() if sid in outputs}
         unpacking = [n for names in savers.values() for n in names if nodes[n]["has_backward"]]
         trigger = max(unpacking, key=lambda n: nodes[n]["index"], default="")
         plans.append(

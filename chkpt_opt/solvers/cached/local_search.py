@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.frozen import frozen
 from chkpt_opt.replay_cost import recompute_s
 from chkpt_opt.schedule import (
     Schedule,
@@ -262,6 +263,12 @@ class CachingSolver:
 
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
+    ) -> SolveResult:
+        with frozen(graph):  # thousands of simulations of one graph: its facts once
+            return self._search(graph, budget_bytes, time_limit_s)
+
+    def _search(
+        self, graph: CostGraph, budget_bytes: int, time_limit_s: float | None
     ) -> SolveResult:
         start = time.perf_counter()
         deadline = Deadline.after(time_limit_s)
