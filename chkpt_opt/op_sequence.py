@@ -115,7 +115,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
 
     The schedule is assumed valid (see :func:`chkpt_opt.schedule.check_schedule`).
     """
-    nodes = graph.nodes
+    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
     order = ordered_nodes(graph)
     index = {n: i for i, n in enumerate(order)}
     owner = storage_owners(graph)

@@ -75,7 +75,7 @@ def region_replays(
     saved: frozenset[str],
     owner: dict[str, str],
 ) -> list[Replay]:
-    nodes = graph.nodes
+    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
     trigger_index: list[int] = [-1] * len(tree)
     stops: list[int] = [0] * len(tree)
     last_events: list[int] = [-1] * len(tree)

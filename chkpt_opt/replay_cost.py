@@ -32,7 +32,7 @@ def recompute_s(graph: CostGraph, schedule: Schedule) -> float:
     """Seconds of forward work ``schedule`` runs again in a step, overheads included
     (``simulate(graph, schedule).recompute_s`` up to float rounding; the schedule is
     assumed valid)."""
-    nodes = graph.nodes
+    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
     order = ordered_nodes(graph)
     owner = storage_owners(graph)
     tree = region_tree(graph, schedule)

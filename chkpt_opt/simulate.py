@@ -102,7 +102,7 @@ def simulate(graph: CostGraph, schedule: Schedule, *, check: bool = True) -> Mem
     """
     if check:
         check_schedule(graph, schedule)
-    nodes = graph.nodes
+    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
     peak = 0
     peak_index = 0
     timeline: list[TimelinePoint] = []

@@ -25,14 +25,11 @@ rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
 schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
 The keep-set stages stop at 90% of the limit (``general_share``), with two exceptions. The
-pruned search (``blocks_first``) runs its block search (on graphs of repeated blocks) before
-building its program's model, for as long as it has in ``pruned`` alone (half the limit,
-from auto's start), also where the program, sized without its model, cannot be built in
-time (``stats["exact_skipped"]``; ``pruned`` alone then runs the block search to the whole
-limit): a block search proves nothing, and the cached-op search after it found 15-19% less
-recompute on two padded Llama graphs than the block search to the whole limit; its exact
-phase gets what is left up to that 90% (``exact_share``). And where no heuristic's keep-set
-schedule fits, the exact keep-set stage ends at ``NO_FIT_KEEP_SET_SHARE`` of the limit. In
+pruned search runs its block search first (``blocks_first``) for as long as in ``pruned``
+alone (half the limit), also where its program cannot be built in time (it proves nothing
+there, and the cached-op searches get the rest: docs/limits.md); its exact phase gets what
+is left up to 90%. Where no heuristic's keep-set schedule fits, the exact keep-set stage
+ends at ``NO_FIT_KEEP_SET_SHARE`` of the limit. In
 the time left after the keep-set stages, ``dp_nested`` (exact over nested schedules that
 cache nothing, on graphs that are simple chains; where no keep-set schedule fits, also over
 the blocks between a graph's separators; it refuses others at once) runs; where no keep-set
@@ -69,6 +66,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.frozen import frozen
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import Solver, SolveResult, SolveStatus, best_of, meets_bound
@@ -147,6 +145,12 @@ class AutoSolver:
 
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
+    ) -> SolveResult:
+        with frozen(graph):  # every stage simulates this graph: its facts once
+            return self._solve(graph, budget_bytes, time_limit_s)
+
+    def _solve(
+        self, graph: CostGraph, budget_bytes: int, time_limit_s: float | None
     ) -> SolveResult:
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         deadline = Deadline.after(limit)
@@ -319,22 +323,18 @@ def _beyond_keep_set(
     if _proven_over_every_schedule(keep, cover):
         return dataclasses.replace(keep, stats=dict(keep.stats, proofs_over="every_schedule"))
     keep_stats = dict(keep.stats, proofs_over="keep_set")
-    # Beside the cached ops the recompute bound's LP keeps, rounded (before the keep-set
-    # stages): the exact nested DP (it refuses graphs that it cannot plan at once); the
-    # cached-op searches from the rounded schedule where it is better than the keep-set
-    # result, from that result, and from greedy's schedule (what ``cached`` alone starts
-    # from: on Checkmate's FCN-8 at 0.8 of its peak it reached 0.14% extra compute where
-    # auto without it returned 2.9%, in issue 34); the nested heuristic where
+    # Beside the rounding: the exact nested DP (it refuses what it cannot plan at once);
+    # the cached-op searches from the rounded schedule where it beats keep-set's, from
+    # keep-set's, and from greedy's (``cached`` alone's start: on Checkmate's FCN-8 at
+    # 0.8 it found 0.14% extra compute, auto without it 2.9%); the nested heuristic where
     # no keep-set schedule fits.
     assert rounded is not None  # it ran unless keep-all fits, which returned above
     starts = [rounded.schedule, keep.schedule] if _improves(rounded, keep) else [keep.schedule]
-    # Blocks between separators only where no keep-set schedule fits: their nested space
-    # is coarser than keep-set's cuts (the small encoder at 0.7 of its peak: 1.24 against
-    # 0.90 ms), and below its floor it is what fits (the small GPT at 0.29: 26 ms, where
-    # the nested heuristic's plan costs 62 ms).
+    # Blocks between separators only where no keep-set schedule fits: coarser than keep-set's
+    # cuts (the small encoder at 0.7 of its peak: 1.24 against 0.90 ms), below its floor
+    # they are what fits (the small GPT at 0.29: 26 ms; the nested heuristic's plan 62 ms).
     searches = [get_solver("dp_nested", blocks=not keep.feasible)] if nesting else []
-    left_s = deadline.remaining_s()
-    greedy = greedy_sweep(graph, budget_bytes, time_limit_s=left_s).schedule
+    greedy = greedy_sweep(graph, budget_bytes, time_limit_s=deadline.remaining_s()).schedule
     starts += [] if greedy in starts else [greedy]  # keep-set's result is often greedy's
     searches += [get_solver("cached", warm_start=start) for start in starts]
     weights = [1.0] * len(searches)

@@ -217,7 +217,7 @@ def unpack_plans(
 ) -> list[UnpackPlan]:
     """The plan of every unpacked op, in execution order (``inner`` as in
     :func:`check_unpacked`; ``owner`` from :func:`~chkpt_opt.graphs.costgraph.storage_owners`)."""
-    nodes = graph.nodes
+    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
     if not unpacked:
         return []
     rebuilt = rebuilt_storages(graph)
