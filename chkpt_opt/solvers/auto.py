@@ -24,12 +24,14 @@ bound (where keep-all does not fit), the cached ops that the recompute bound's L
 rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
 schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
-The keep-set stages stop at 90% of the limit (``general_share``), with two exceptions. The
-pruned search runs its block search first (``blocks_first``) for as long as in ``pruned``
-alone (half the limit), also where its program cannot be built in time (it proves nothing
-there, and the cached-op searches get the rest: docs/limits.md); its exact phase gets what
-is left up to 90%. Where no heuristic's keep-set schedule fits, the exact keep-set stage
-ends at ``NO_FIT_KEEP_SET_SHARE`` of the limit. In
+The keep-set stages stop at 90% of the limit (``general_share``), with three exceptions
+(:mod:`~chkpt_opt.solvers.time_split`). A keep-set stage that proves nothing (the block
+search of ``hierarchical``) ends at half the limit: the cached-op searches after it find
+what it misses. The pruned search runs its block search first (``blocks_first``) for as
+long as in ``pruned`` alone (half the limit), also where its program cannot be built in
+time (it proves nothing there either); its exact phase gets what is left up to 90%. Where
+no heuristic's keep-set schedule fits, the exact keep-set stage ends at
+``NO_FIT_KEEP_SET_SHARE`` of the limit. In
 the time left after the keep-set stages, ``dp_nested`` (exact over nested schedules that
 cache nothing, on graphs that are simple chains; where no keep-set schedule fits, also over
 the blocks between a graph's separators; it refuses others at once) runs; where no keep-set
@@ -77,6 +79,7 @@ from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.keepset.choice import PRUNED_MAX_OPS, PRUNED_MIN_POSITIONS, pick_exact
 from chkpt_opt.solvers.registry import get_solver, register
+from chkpt_opt.solvers.time_split import pruned_shares, stage_limit_s
 
 log = logging.getLogger(__name__)
 
@@ -206,10 +209,12 @@ class AutoSolver:
             for name in stage:  # the first solver of the stage that accepts the graph
                 try:
                     if name == "pruned" and whole is not None:
-                        solver = get_solver(name, **_pruned_shares(deadline, whole))
+                        alone = get_solver(name).incumbent_share
+                        solver = get_solver(name, **pruned_shares(deadline, whole, alone))
                         limit_s = whole.remaining_s()
-                    else:
-                        solver, limit_s = get_solver(name), deadline.remaining_s()
+                    else:  # a stage that proves nothing ends at UNPROVEN_SHARE
+                        solver = get_solver(name)
+                        limit_s = stage_limit_s(solver, deadline, whole if exact_stage else None)
                     result = solver(graph, budget_bytes, time_limit_s=limit_s)
                     break
                 except SolverError as err:
@@ -265,24 +270,6 @@ class AutoSolver:
             proves_infeasible=status == SolveStatus.INFEASIBLE and proven_infeasible,
         )
         return final
-
-
-def _pruned_shares(deadline: Deadline, whole: Deadline) -> dict[str, float | bool]:
-    """The pruned search's settings when it runs to ``whole`` (auto's limit): its block
-    search first, for as long as it has alone (``incumbent_share`` of auto's limit, counted
-    from the pruned search's start), whether or not its exact program can be built in time;
-    its exact phase ends at ``deadline`` (the keep-set stages'). See the module
-    docstring."""
-    keep_s, whole_s, limit_s = deadline.remaining_s(), whole.remaining_s(), whole.limit_s
-    if keep_s is None or whole_s is None or limit_s is None or whole_s <= 0.0:
-        return {"blocks_first": True}
-    alone = min(1.0, get_solver("pruned").incumbent_share * limit_s / whole_s)
-    return {
-        "exact_share": min(1.0, keep_s / whole_s),
-        "incumbent_share": alone,
-        "skipped_blocks_share": alone,
-        "blocks_first": True,
-    }
 
 
 def _log_stage(result: SolveResult, deadline: Deadline) -> None:

@@ -6,6 +6,7 @@ schedule model: its regions stay inside blocks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.base import SolveResult, keep_all_result
@@ -25,6 +26,7 @@ class HierarchicalSolver(BlockSearch):
     """
 
     name: str = "hierarchical"
+    proves_optimum: ClassVar[bool] = False  # its regions stay inside blocks
 
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
