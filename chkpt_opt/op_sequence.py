@@ -74,6 +74,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import (
     CostGraph,
+    attributes_by_node,
     edge_uses,
     grad_outputs,
     ordered_nodes,
@@ -115,7 +116,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
 
     The schedule is assumed valid (see :func:`chkpt_opt.schedule.check_schedule`).
     """
-    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
+    nodes = attributes_by_node(graph)
     order = ordered_nodes(graph)
     index = {n: i for i, n in enumerate(order)}
     owner = storage_owners(graph)

@@ -25,7 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, region_overhead_s, storage_owners
+from chkpt_opt.graphs.costgraph import (
+    CostGraph,
+    attributes_by_node,
+    ordered_nodes,
+    region_overhead_s,
+    storage_owners,
+)
 from chkpt_opt.schedule import RegionSpan, Schedule, innermost_regions, region_tree
 
 
@@ -75,7 +81,7 @@ def region_replays(
     saved: frozenset[str],
     owner: dict[str, str],
 ) -> list[Replay]:
-    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
+    nodes = attributes_by_node(graph)
     trigger_index: list[int] = [-1] * len(tree)
     stops: list[int] = [0] * len(tree)
     last_events: list[int] = [-1] * len(tree)

@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners
+from chkpt_opt.graphs.costgraph import CostGraph, attributes_by_node, ordered_nodes, storage_owners
 from chkpt_opt.region_replay import region_replays, schedule_overhead_s
 from chkpt_opt.schedule import Schedule, innermost_regions, region_tree
 from chkpt_opt.unpack import unpack_plans
@@ -32,7 +32,7 @@ def recompute_s(graph: CostGraph, schedule: Schedule) -> float:
     """Seconds of forward work ``schedule`` runs again in a step, overheads included
     (``simulate(graph, schedule).recompute_s`` up to float rounding; the schedule is
     assumed valid)."""
-    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
+    nodes = attributes_by_node(graph)
     order = ordered_nodes(graph)
     owner = storage_owners(graph)
     tree = region_tree(graph, schedule)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.costgraph import CostGraph, attributes_by_node
 from chkpt_opt.op_sequence import Step, lower
 from chkpt_opt.region_replay import schedule_overhead_s
 from chkpt_opt.schedule import Schedule, check_schedule
@@ -102,7 +102,7 @@ def simulate(graph: CostGraph, schedule: Schedule, *, check: bool = True) -> Mem
     """
     if check:
         check_schedule(graph, schedule)
-    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
+    nodes = attributes_by_node(graph)
     peak = 0
     peak_index = 0
     timeline: list[TimelinePoint] = []

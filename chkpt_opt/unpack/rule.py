@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from chkpt_opt.errors import ScheduleError, short
-from chkpt_opt.graphs.costgraph import CostGraph, storage_owners, storage_refs
+from chkpt_opt.graphs.costgraph import CostGraph, attributes_by_node, storage_owners, storage_refs
 from chkpt_opt.graphs.frozen import graph_fact
 
 
@@ -217,7 +217,7 @@ def unpack_plans(
 ) -> list[UnpackPlan]:
     """The plan of every unpacked op, in execution order (``inner`` as in
     :func:`check_unpacked`; ``owner`` from :func:`~chkpt_opt.graphs.costgraph.storage_owners`)."""
-    nodes = dict(graph.nodes(data=True))  # plain lookups: read many times here
+    nodes = attributes_by_node(graph)
     if not unpacked:
         return []
     rebuilt = rebuilt_storages(graph)
