@@ -302,6 +302,7 @@ def test_a_skipped_exact_phase_ends_the_first_block_search_at_its_share(
     assert_valid_result(graph, result, budget)
     assert "program terms" in result.stats["exact_skipped"]
     assert len(sized) == 1
+    assert result.stats["incumbent_from"] in ("greedy", "hierarchical")
     assert result.status == SolveStatus.FEASIBLE and result.bound is None
 
 
