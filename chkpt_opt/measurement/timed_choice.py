@@ -227,15 +227,16 @@ def with_timed_choice(
     why nothing was (``"equals"``: the plan is a layout; ``"skipped"``: the reason)."""
     same = [name for name, s in layouts.items() if s == result.schedule]
     others = {name: s for name, s in layouts.items() if s != result.schedule}
-    untimed: dict[str, Any] = {"chosen": PLAN, "ratios": {}, "rounds": 0, "seconds": 0.0}
-    if same and not others:  # nothing to time: the plan is the model's own layout
-        untimed["equals"] = same[0]
+    why: dict[str, str] = {}  # nothing timed: the plan is a layout, or the reason
+    if same and not others:
+        why = {"equals": same[0]}
     elif not others:
-        untimed["skipped"] = "no layout of the model's own fits the budget"
+        why = {"skipped": "no layout of the model's own fits the budget"}
     elif rounds < 1:
-        untimed["skipped"] = f"the time limit leaves no room for {MIN_ROUNDS} rounds"
-    if len(untimed) > 4:
-        log.debug("timed choice: not made for %s", untimed)
+        why = {"skipped": f"the time limit leaves no room for {MIN_ROUNDS} rounds"}
+    if why:
+        log.debug("timed choice: not made: %s", why)
+        untimed = {"chosen": PLAN, **why, "ratios": {}, "rounds": 0, "seconds": 0.0}
         return dataclasses.replace(result, stats={**result.stats, "timed_choice": untimed})
     choice = fastest(traced, graph, {PLAN: result.schedule, **others}, rounds=rounds, timer=timer)
     stats = {**result.stats, "timed_choice": choice.as_stats()}
