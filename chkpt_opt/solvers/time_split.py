@@ -7,7 +7,7 @@ after it are the ones that find what it misses: on Hugging Face graphs at their 
 checkpointing's peak, with the keep-set stage at 90% of a 20 s limit, ``auto`` returned
 146.30 ms of recompute on a padded Llama of 345 ops (``cached`` alone: 119.03) and 544.88
 ms on a padded T5 of 632 ops (``cached`` alone: 522.65); with that stage at half the limit,
-117.21 and 529.99 (docs/limits.md, "`auto`'s time limit"). So such a stage ends at
+123.09 and 529.99 (docs/limits.md, "`auto`'s time limit"). So such a stage ends at
 :data:`UNPROVEN_SHARE` of ``auto``'s limit.
 """
 
