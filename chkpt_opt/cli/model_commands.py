@@ -39,8 +39,6 @@ def _plan(args: argparse.Namespace, model: Any, ex_args: Any, ex_kwargs: Any, **
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from chkpt_opt.schedule_io import save_schedule
-    from chkpt_opt.sharding import sharding_meta
     from chkpt_opt.validation import validate as run_validation
 
     if args.validate and args.world_size is not None:
@@ -63,18 +61,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     }
     lines = [plan.summary()]
     if args.output:
-        save_schedule(
-            args.output,
-            plan.graph,
-            plan.schedule,
-            budget_bytes=plan.budget.total_bytes,
-            activation_budget_bytes=plan.activation_budget_bytes,
-            predicted_peak_bytes=plan.predicted_peak_bytes,
-            solver=plan.result.solver,
-            status=plan.result.status.value,
-            objective_s=plan.result.objective,
-            **sharding_meta(plan.sharding),
-        )
+        plan.save(args.output)
         data["schedule"] = str(args.output)
     if args.validate:
         optimized = plan.apply()
