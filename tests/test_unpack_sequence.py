@@ -66,32 +66,53 @@ def test_an_op_that_saves_its_own_output_rebuilds_it_for_its_own_backward() -> N
     ]
 
 
-def _two_savers() -> CostGraph:
-    """a -> b -> c -> d and b -> d; b (50 bytes) is saved by c and d, a by b."""
-    g = new_graph("two_savers")
-    specs = [
-        ("a", [], 100, {}),
-        ("b", ["a"], 50, {"a": 100}),
-        ("c", ["b"], 100, {"b": 50}),
-        ("d", ["b", "c"], 10, {"b": 50, "c": 100}),
-    ]
-    for i, (name, preds, nbytes, saved) in enumerate(specs):
+def spec_graph(name: str, specs: list[tuple[str, list[str], int, dict[str, int]]]) -> CostGraph:
+    """A graph of ops ``(name, inputs, output bytes, saved storages)`` in execution order,
+    the k-th taking k + 1 seconds forward; the last op is the output."""
+    g = new_graph(name)
+    for i, (op, preds, nbytes, saved) in enumerate(specs):
         g.add_node(
-            name,
+            op,
             **node_attrs(
                 index=i,
                 op="op",
-                outputs={name: nbytes},
+                outputs={op: nbytes},
                 saved=saved,
                 grad_bytes=nbytes,
                 fwd_time_s=float(i + 1),
             ),
         )
         for p in preds:
-            g.add_edge(p, name)
-    g.graph["outputs"] = ["d"]
+            g.add_edge(p, op)
+    g.graph["outputs"] = [specs[-1][0]]
     check_graph(g)
     return g
+
+
+def _two_savers() -> CostGraph:
+    """a -> b -> c -> d and b -> d; b (50 bytes) is saved by c and d, a by b."""
+    return spec_graph(
+        "two_savers",
+        [
+            ("a", [], 100, {}),
+            ("b", ["a"], 50, {"a": 100}),
+            ("c", ["b"], 100, {"b": 50}),
+            ("d", ["b", "c"], 10, {"b": 50, "c": 100}),
+        ],
+    )
+
+
+def chain_of_two() -> CostGraph:
+    """a (20) -> b (50) -> c (80) -> d (10); d saves c, nothing else is saved."""
+    return spec_graph(
+        "chain_of_two",
+        [
+            ("a", [], 20, {}),
+            ("b", ["a"], 50, {}),
+            ("c", ["b"], 80, {}),
+            ("d", ["c"], 10, {"c": 80}),
+        ],
+    )
 
 
 def test_the_rebuild_runs_before_the_first_saver_and_lives_to_the_last() -> None:
@@ -113,30 +134,10 @@ def test_the_rebuild_runs_before_the_first_saver_and_lives_to_the_last() -> None
 
 
 def test_a_chain_rebuilds_the_inner_op_first_and_frees_it_after_the_outer() -> None:
-    # a (20) -> b (50) -> c (80) -> d (10); d saves c, nothing else is saved. With b and c
-    # unpacked, c's recipe holds a handle on b's recipe, which holds a: b dies after c runs,
+    # chain_of_two: d saves c, nothing else is saved. With b and c unpacked, c's recipe
+    # holds a handle on b's recipe, which holds a: b dies after c runs,
     # and both are rebuilt before d's backward, b first, b freed once c is rebuilt.
-    g = new_graph("chain_of_two")
-    specs = [
-        ("a", [], 20, {}),
-        ("b", ["a"], 50, {}),
-        ("c", ["b"], 80, {}),
-        ("d", ["c"], 10, {"c": 80}),
-    ]
-    for i, (name, preds, nbytes, saved) in enumerate(specs):
-        attrs = node_attrs(
-            index=i,
-            op="op",
-            outputs={name: nbytes},
-            saved=saved,
-            grad_bytes=nbytes,
-            fwd_time_s=float(i + 1),
-        )
-        g.add_node(name, **attrs)
-        for p in preds:
-            g.add_edge(p, name)
-    g.graph["outputs"] = ["d"]
-    check_graph(g)
+    g = chain_of_two()
     assert _steps(g, _unpack("b", "c")) == [
         ("fwd", "a", 20, 20),
         ("fwd", "b", 70, 70),  # a held by b's recipe
