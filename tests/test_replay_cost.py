@@ -20,6 +20,7 @@ from chkpt_opt.solvers import get_solver
 from chkpt_opt.solvers.cached.local_search import neighbours
 from chkpt_opt.unpack import unpack_candidates
 from tests.general_schedules import random_general_schedule
+from tests.test_unpack_sequence import chain_of_two
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,3 +74,11 @@ def test_it_matches_the_simulator_on_every_neighbour_of_a_measured_graph() -> No
     checked = [m for m in moves if _agrees(graph, m)]
     assert len(checked) > 50
     assert any(m.saved for m in checked) and any(m.unpacked for m in checked)
+
+
+def test_a_recipe_rebuilt_only_for_another_is_counted() -> None:
+    """b and c unpacked on a -> b -> c -> d, d saving c: no op saves b, so b is rebuilt only
+    because c's recipe needs it (2 s), before c (3 s)."""
+    graph = chain_of_two()
+    schedule = Schedule(unpacked=frozenset({"b", "c"}))
+    assert recompute_s(graph, schedule) == simulate(graph, schedule).recompute_s == 5.0
