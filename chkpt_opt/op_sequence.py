@@ -72,11 +72,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chkpt_opt.backward_pass import gradient_instances, gradient_sums
 from chkpt_opt.graphs.costgraph import (
     CostGraph,
     attributes_by_node,
-    edge_uses,
-    grad_outputs,
     ordered_nodes,
     owned_storages,
     storage_owners,
@@ -155,10 +154,7 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     replay_end: dict[int, int] = {}  # region -> last position of its recomputation
     bwd_pos: dict[str, int] = {}
     acc_pos: dict[str, int] = {}
-    # op -> (input, summed in place, summed into a new buffer that replaces the caller's seed)
-    accumulates: dict[str, list[tuple[str, bool, bool]]] = {}
-    has_grad = {o for o in grad_outputs(graph) if nodes[o]["has_backward"]}
-    seeded = set(has_grad)  # outputs whose gradient is still the seed the caller holds
+    accumulates = gradient_sums(graph, order, nodes, preds)
     for n in reversed(order):
         if not nodes[n]["has_backward"]:
             continue
@@ -172,31 +168,9 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
             rebuild(plan)
         bwd_pos[n] = len(kinds)
         kinds.append(("bwd", n, -1))
-        targets = [u for u in preds[n] if nodes[u]["requires_grad"]]
-        # One incoming gradient per use; all but the first of a tensor without a gradient
-        # yet are sums (a view's backward passes its gradient on instead, once).
-        accumulates[n] = []
-        for u in targets:
-            uses = edge_uses(graph, u, n)
-            alias = nodes[n]["bwd_grad_alias"]
-            if alias and uses == 1:
-                continue
-            # A sum with an older gradient, or of views, is modelled out of place (it costs
-            # one more gradient while it runs); fresh gradients of the same backward call
-            # are summed in place into one of them.
-            in_place = not alias
-            if u in seeded:
-                # The caller keeps its seed; autograd sums into the fresh incoming gradient,
-                # which then stands as the output's gradient until its backward.
-                accumulates[n].append((u, True, True))
-                seeded.discard(u)
-            elif u in has_grad:
-                accumulates[n].append((u, False, False))
-            accumulates[n] += [(u, in_place, False)] * (uses - 1)
         if accumulates[n]:
             acc_pos[n] = len(kinds)
             kinds.append(("accumulate", n, -1))
-        has_grad.update(targets)
     end = len(kinds)  # "held to the end of the step"
 
     alloc_at: dict[str, tuple[int, int]] = {}  # instance -> (position, bytes)
@@ -361,52 +335,24 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 hold(value(sid, k), until)
 
     # Gradients.
-    transient = [0] * end
-    grads: dict[str, list[str]] = {}
-    outputs_with_grad = [o for o in grad_outputs(graph) if nodes[o]["has_backward"]]
     start_pos = fwd_pos[order[-1]] + 1 if order else 0
-    for out in sorted(set(outputs_with_grad), key=lambda o: nodes[o]["index"]):
-        inst = f"g:{out}"
-        alloc_at[inst] = (start_pos, nodes[out]["grad_bytes"])
-        grads[out] = [inst]
-        hold(inst, end)  # the caller holds the output gradients through the backward call
-    for position, (kind, n, _) in enumerate(kinds):
-        if kind in ("fwd", "recompute"):
-            transient[position] = nodes[n]["fwd_workspace_bytes"]
-            continue
-        if kind == "accumulate":
-            transient[position] = sum(
-                nodes[u]["grad_bytes"] for u, in_place, _ in accumulates[n] if not in_place
-            )
-            continue
-        if kind != "bwd":
-            continue
-        attrs = nodes[n]
-        for j, (u, _, into_seed) in enumerate(accumulates.get(n, ())):
-            inst = f"g:{u}@{n}#{j}"  # an incoming gradient, summed into the existing one
-            alloc_at[inst] = (position, nodes[u]["grad_bytes"])
-            if into_seed:
-                grads[u] = [inst]
-                hold(inst, kept_until(u))
-            else:
-                hold(inst, acc_pos[n])
-        for u in preds[n]:
-            if not nodes[u]["requires_grad"] or grads.get(u):
-                continue
-            if attrs["bwd_grad_alias"]:
-                grads[u] = list(grads.get(n, []))
-            else:
-                inst = f"g:{u}"
-                alloc_at[inst] = (position, nodes[u]["grad_bytes"])
-                grads[u] = [inst]
-            for inst in grads[u]:
-                hold(inst, kept_until(u))
-        if attrs["param_grad_bytes"]:
-            inst = f"p:{n}"
-            alloc_at[inst] = (position, attrs["param_grad_bytes"])
-            hold(inst, end)
-        transient[position] = attrs["bwd_workspace_bytes"]
+    transient = gradient_instances(
+        graph, nodes, preds, kinds, accumulates, acc_pos, start_pos, alloc_at, hold
+    )
 
+    return steps_of(kinds, alloc_at, release, transient)
+
+
+def steps_of(
+    kinds: list[tuple[str, str, int]],
+    alloc_at: dict[str, tuple[int, int]],
+    release: dict[str, int],
+    transient: list[int],
+) -> list[Step]:
+    """The steps ``(kind, op, region)`` with the storage instances each allocates
+    (``alloc_at``: instance -> (position, bytes)) and frees (after ``release[instance]``,
+    never for one held to the end), and their transient bytes."""
+    end = len(kinds)
     allocs: list[list[tuple[str, int]]] = [[] for _ in range(end)]
     frees: list[list[str]] = [[] for _ in range(end)]
     for inst, (position, nbytes) in alloc_at.items():
