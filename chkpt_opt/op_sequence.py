@@ -70,9 +70,6 @@ Unpacked ops (recompute on unpack, :mod:`chkpt_opt.unpack`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from chkpt_opt.backward_pass import gradient_instances, gradient_sums
 from chkpt_opt.graphs.costgraph import (
     CostGraph,
     attributes_by_node,
@@ -83,38 +80,22 @@ from chkpt_opt.graphs.costgraph import (
 )
 from chkpt_opt.region_replay import region_replays
 from chkpt_opt.schedule import Schedule, innermost_regions, region_tree
+from chkpt_opt.sequence.gradients import gradient_instances, gradient_sums
+from chkpt_opt.sequence.steps import Step, steps_of
+from chkpt_opt.staged.sequence import lower_staged
 from chkpt_opt.unpack import UnpackPlan, unpack_plans
 
-
-@dataclass(frozen=True)
-class Step:
-    """One step of the op sequence.
-
-    Attributes:
-        kind: ``"fwd"``, ``"recompute"``, ``"bwd_start"`` (output gradients appear), ``"bwd"``,
-            or ``"accumulate"`` (a gradient is added to an existing one).
-        node: the op (empty for ``bwd_start``).
-        alloc: ``(instance id, bytes)`` of the storages this step creates.
-        free: instance ids released once this step is done.
-        transient_bytes: extra bytes alive only while the step runs.
-        region: for a ``"recompute"`` step, the position in
-            :func:`~chkpt_opt.schedule.region_tree` of the region whose recomputation runs it
-            (-1 for the rebuild of an unpacked op).
-    """
-
-    kind: str
-    node: str
-    alloc: tuple[tuple[str, int], ...]
-    free: tuple[str, ...]
-    transient_bytes: int
-    region: int = -1
+__all__ = ["Step", "lower"]
 
 
 def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     """Returns the op sequence of one training step under ``schedule``.
 
-    The schedule is assumed valid (see :func:`chkpt_opt.schedule.check_schedule`).
+    The schedule is assumed valid (see :func:`chkpt_opt.schedule.check_schedule`). A
+    staged schedule lowers by its own rule (:mod:`chkpt_opt.staged.sequence`).
     """
+    if schedule.staged:
+        return lower_staged(graph, schedule)
     nodes = attributes_by_node(graph)
     order = ordered_nodes(graph)
     index = {n: i for i, n in enumerate(order)}
@@ -341,26 +322,3 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
     )
 
     return steps_of(kinds, alloc_at, release, transient)
-
-
-def steps_of(
-    kinds: list[tuple[str, str, int]],
-    alloc_at: dict[str, tuple[int, int]],
-    release: dict[str, int],
-    transient: list[int],
-) -> list[Step]:
-    """The steps ``(kind, op, region)`` with the storage instances each allocates
-    (``alloc_at``: instance -> (position, bytes)) and frees (after ``release[instance]``,
-    never for one held to the end), and their transient bytes."""
-    end = len(kinds)
-    allocs: list[list[tuple[str, int]]] = [[] for _ in range(end)]
-    frees: list[list[str]] = [[] for _ in range(end)]
-    for inst, (position, nbytes) in alloc_at.items():
-        allocs[position].append((inst, nbytes))
-        last = max(release.get(inst, position), position)
-        if last < end:
-            frees[last].append(inst)
-    return [
-        Step(kind, n, tuple(sorted(allocs[p])), tuple(sorted(frees[p])), transient[p], k)
-        for p, (kind, n, k) in enumerate(kinds)
-    ]

@@ -146,6 +146,8 @@ def unpack_hooks_cost_s(graph: CostGraph, schedule: Schedule) -> float:
     module docstring): two calls for every tensor that an op outside every region, from the
     first unpacked op on, saves."""
     per_call = float(graph.graph.get("cached_op_overhead_s", 0.0))
+    if schedule.staged and per_call:  # the whole forward runs under the staged hooks
+        return 2 * per_call * sum(len(a["saved"]) for _, a in graph.nodes(data=True))
     if not schedule.unpacked or per_call == 0.0:
         return 0.0
     order = ordered_nodes(graph)

@@ -33,6 +33,9 @@ def recompute_s(graph: CostGraph, schedule: Schedule) -> float:
     (``simulate(graph, schedule).recompute_s`` up to float rounding; the schedule is
     assumed valid)."""
     nodes = attributes_by_node(graph)
+    if schedule.staged:  # each stage's ops, once each
+        ran = sum(nodes[n]["fwd_time_s"] for _, ops in schedule.staged for n in ops)
+        return ran + schedule_overhead_s(graph, schedule)
     order = ordered_nodes(graph)
     owner = storage_owners(graph)
     tree = region_tree(graph, schedule)

@@ -23,7 +23,11 @@ The general schedule adds what PyTorch executes beyond that:
   it (:mod:`chkpt_opt.unpack`); a cheap layer's output is then freed after its last
   forward reader and rebuilt from tensors kept anyway.
 
-A keep-set schedule is the special case with none of them.
+A keep-set schedule is the special case with none of them. A *staged* schedule is another
+form (:mod:`chkpt_opt.staged`): no regions, and for each backward op the forward ops
+recomputed just before it, each value kept from where it is computed to its last use
+(general rematerialization, as Checkmate's program states it, without recomputation in the
+forward pass).
 
 Example:
     >>> s = Schedule(regions=(("linear", "relu"),))
@@ -47,11 +51,13 @@ from typing import Any
 from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.graphs.frozen import graph_fact
+from chkpt_opt.staged.rule import check_staged, staged_from_json
 from chkpt_opt.unpack import check_unpacked
 from chkpt_opt.unpack.rule import self_contained_ops
 
 SCHEDULE_KIND = "keep_set"
 GENERAL_KIND = "regions"
+STAGED_KIND = "staged"
 
 
 @dataclass(frozen=True)
@@ -68,28 +74,38 @@ class Schedule:
             recomputed, by the innermost region that holds them.
         unpacked: ops outside every region whose outputs, where ops outside every region
             save them, are rebuilt when a backward unpacks them (recompute on unpack).
+        staged: a staged schedule (then every other field is empty): ``(backward op, forward
+            ops)`` pairs, the forward ops (in execution order) recomputed just before the
+            backward of that op, in the order the backward pass runs
+            (:mod:`chkpt_opt.staged`).
     """
 
     regions: tuple[tuple[str, ...], ...] = ()
     nested: tuple[tuple[str, ...], ...] = ()
     saved: frozenset[str] = frozenset()
     unpacked: frozenset[str] = frozenset()
+    staged: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def is_keep_set(self) -> bool:
-        """Whether this is a keep-set schedule (no nested region, no cached or unpacked op)."""
-        return not self.nested and not self.saved and not self.unpacked
+        """Whether this is a keep-set schedule (no nested region, no cached or unpacked op,
+        not staged)."""
+        return not self.nested and not self.saved and not self.unpacked and not self.staged
 
     def with_unpacked(self, unpacked: frozenset[str]) -> Schedule:
         """This schedule with ``unpacked`` as its unpacked ops."""
         return Schedule(self.regions, self.nested, self.saved, frozenset(unpacked))
 
     def recomputed_nodes(self) -> frozenset[str]:
-        """All nodes that lie in some recompute region and are not cached."""
-        return frozenset(n for region in self.regions for n in region) - self.saved
+        """All nodes that lie in some recompute region and are not cached (of a staged
+        schedule: those recomputed at some stage)."""
+        staged = frozenset(n for _, ops in self.staged for n in ops)
+        return frozenset(n for region in self.regions for n in region) - self.saved | staged
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (a keep-set schedule keeps the round-one form)."""
         regions = [list(r) for r in self.regions]
+        if self.staged:
+            return {"kind": STAGED_KIND, "recompute": [[b, list(ops)] for b, ops in self.staged]}
         if self.is_keep_set():
             return {"kind": SCHEDULE_KIND, "regions": regions}
         data: dict[str, Any] = {
@@ -105,12 +121,14 @@ class Schedule:
     @staticmethod
     def from_dict(data: Any) -> Schedule:
         """Inverse of :meth:`to_dict`, with clear errors for malformed data."""
-        kinds = (SCHEDULE_KIND, GENERAL_KIND)
+        kinds = (SCHEDULE_KIND, GENERAL_KIND, STAGED_KIND)
         if not isinstance(data, dict) or data.get("kind") not in kinds:
             raise ScheduleError(
                 f'schedule data must be an object with "kind" one of {list(kinds)}, '
                 f"got {str(data)[:80]!r}."
             )
+        if data["kind"] == STAGED_KIND:
+            return Schedule(staged=staged_from_json(data))
         general = data["kind"] == GENERAL_KIND
         allowed = (
             {"kind", "regions", "nested", "saved", "unpacked"} if general else {"kind", "regions"}
@@ -177,6 +195,14 @@ def check_schedule(graph: CostGraph, schedule: Schedule) -> None:
     """
     if not isinstance(schedule, Schedule):
         raise ScheduleError(f"expected a Schedule, got {type(schedule).__name__}.")
+    if schedule.staged:
+        if schedule.regions or schedule.nested or schedule.saved or schedule.unpacked:
+            raise ScheduleError(
+                "a staged schedule has no regions, cached or unpacked ops; give either "
+                "'staged' or the others."
+            )
+        check_staged(graph, schedule.staged)
+        return
     ok = cut_positions(graph)
     last_stop = 0
     for k, region in enumerate(schedule.regions):

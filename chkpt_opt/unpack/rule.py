@@ -40,8 +40,9 @@ indices that an unpool reads in the layer-level graphs). Buffers that only the o
 saves (a norm's statistics inside a composite op) are internal to it and kept as before.
 
 An op may be unpacked where it owns all the storages it returns (not a view, not in place),
-no later op writes them in place, it draws no random numbers, updates no module state, and
-the step does not return it (:func:`unpackable_ops`).
+no later op writes them in place, it draws no random numbers, updates no module state, the
+step does not return it, and no later op writes in place a tensor it reads (the recipe holds
+that tensor, which would have changed by the rebuild) (:func:`unpackable_ops`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,29 @@ def written_storages(graph: CostGraph) -> frozenset[str]:
     )
 
 
+@graph_fact
+def last_writes(graph: CostGraph) -> dict[str, int]:
+    """For every storage some op writes in place, the index of the last op that does."""
+    found: dict[str, int] = {}
+    for n, a in graph.nodes(data=True):
+        if a["is_inplace"]:
+            for sid in storage_refs(graph, n):
+                found[sid] = max(found.get(sid, -1), a["index"])
+    return found
+
+
+def reads_a_later_write(graph: CostGraph, node: str) -> bool:
+    """Whether an op after ``node`` writes in place a storage that ``node`` reads (through
+    an edge, or a saved storage of another op it reads without one): running ``node`` again
+    later would read the changed value."""
+    last = last_writes(graph)
+    owner = storage_owners(graph)
+    index = graph.nodes[node]["index"]
+    reads = {sid for u in graph.predecessors(node) for sid in storage_refs(graph, u)}
+    reads |= {sid for sid in graph.nodes[node]["saved"] if owner[sid] != node}
+    return any(last.get(sid, -1) > index for sid in reads)
+
+
 def unpack_problem(graph: CostGraph, node: str) -> str:
     """Why ``node`` cannot be unpacked ("" where it can), as a phrase naming the problem."""
     attrs = graph.nodes[node]
@@ -78,6 +102,8 @@ def unpack_problem(graph: CostGraph, node: str) -> str:
     written = written_storages(graph)
     if any(sid in written for sid in attrs["outputs"]):
         return "has its output written in place by a later op (a rebuild would miss the write)"
+    if reads_a_later_write(graph, node):
+        return "reads a tensor that a later op writes in place (a rebuild would read the new value)"
     return ""
 
 
@@ -101,12 +127,15 @@ def self_contained_ops(graph: CostGraph) -> frozenset[str]:
 
 def unpackable_ops(graph: CostGraph) -> frozenset[str]:
     """The ops a schedule may unpack where they lie outside every region (see the module
-    docstring): the self-contained ones that are not stateful nor a step output."""
+    docstring): the self-contained ones that are not stateful nor a step output and read
+    nothing a later op writes in place."""
     outputs = set(graph.graph["outputs"])
     return frozenset(
         n
         for n in self_contained_ops(graph)
-        if not graph.nodes[n]["is_stateful"] and n not in outputs
+        if not graph.nodes[n]["is_stateful"]
+        and n not in outputs
+        and not reads_a_later_write(graph, n)
     )
 
 
