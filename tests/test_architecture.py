@@ -26,7 +26,7 @@ SOLVER_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"engines"}),  # CP-SAT, MILP, LP over the interval program
     frozenset({"bounds", "chain", "blocks"}),  # bounds; dp_chain; the hierarchical block solver
     frozenset({"keepset", "nested"}),  # exact keep-set programs; nested schedules
-    frozenset({"cached"}),  # schedules with cached ops (start from the keep-set optimum)
+    frozenset({"cached", "staged"}),  # cached ops (from the keep-set optimum); staged schedules
     frozenset({"auto"}),  # the only composer
 )
 """The families of chkpt_opt.solvers, lowest first: a module imports from its own family or

@@ -88,6 +88,7 @@ _BUILTIN: dict[str, str] = {
     "cached": "chkpt_opt.solvers.cached.local_search",
     "dp_nested": "chkpt_opt.solvers.nested.dp_nested",
     "milp_cached": "chkpt_opt.solvers.cached.milp_cached",
+    "staged": "chkpt_opt.solvers.staged.exact",
 }
 _UNAVAILABLE: dict[str, str] = {}
 """Solver name -> why its module cannot be imported here (OR-Tools missing)."""

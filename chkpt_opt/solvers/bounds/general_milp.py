@@ -67,6 +67,8 @@ from chkpt_opt.graphs.costgraph import (
 )
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
+from chkpt_opt.staged import recomputable_ops
+from chkpt_opt.unpack import rebuilt_storages
 
 BACKENDS = {"scip": "SCIP", "highs": "HIGHS"}
 """MILP backends bundled with OR-Tools. SCIP reports a proven bound when it stops at its
@@ -184,8 +186,22 @@ def general_bound(
     *,
     time_limit_s: float = 60.0,
     backend: str = "scip",
+    forward_recompute: bool = True,
+    staged_rules: bool = False,
+    hint: frozenset[tuple[str, str]] = frozenset(),
 ) -> GeneralBound:
     """Solves Checkmate's program at ``budget_bytes`` within ``time_limit_s``.
+
+    Args:
+        forward_recompute: let forward stages recompute (Checkmate's program); without, a
+            forward stage runs its own op only, as eager autograd does. Every schedule
+            PyTorch executes here recomputes nothing in the forward pass, so the program
+            without stays a bound over all of them.
+        staged_rules: the rules of staged schedules (:mod:`chkpt_opt.staged`): a backward
+            stage recomputes only :func:`~chkpt_opt.staged.recomputable_ops`, and re-creates
+            only the storages the op returns (its own buffers keep their forward values).
+            The optimum is then a bound over staged schedules only.
+        hint: ``(stage, op)`` pairs (``"bwd:<op>"`` stages) of a schedule to start from.
 
     Raises:
         SolverError: an unknown backend, or a time limit that is not positive.
@@ -220,9 +236,13 @@ def general_bound(
     s_var: list[dict[str, pywraplp.Variable]] = []
     # A[t][s]: s is alive through all of stage t without a recomputation of its owner there.
     a: list[dict[str, pywraplp.Variable]] = []
+    recomputable = recomputable_ops(graph) if staged_rules else frozenset(d.order)
     for t, stage in enumerate(d.stages):
         op = stage.forward_op
-        reach = d.order[: position[op] + 1] if op is not None else d.order
+        if op is None:
+            reach = [i for i in d.order if i in recomputable]
+        else:
+            reach = d.order[: position[op] + 1] if forward_recompute else [op]
         r.append({i: solver.BoolVar(f"R[{t},{i}]") for i in reach})
     for t in range(n_stages + 1):
         s_var.append({s: solver.BoolVar(f"S[{t},{s}]") for s in d.size if born[s] <= t})
@@ -232,8 +252,18 @@ def general_bound(
     def alive(t: int, s: str) -> pywraplp.Variable | float:
         return s_var[t].get(s, 0.0)
 
+    rebuilt = rebuilt_storages(graph)
+
     def computed(t: int, s: str) -> pywraplp.Variable | float:
-        return r[t].get(d.owner[s], 0.0)
+        owner = d.owner[s]
+        if staged_rules and d.stages[t].forward_op != owner and s not in rebuilt[owner]:
+            return 0.0  # a buffer of its own that a staged recomputation keeps
+        return r[t].get(owner, 0.0)
+
+    def made(t: int, k: str) -> frozenset[str]:
+        if staged_rules and d.stages[t].forward_op != k:
+            return d.made[k] & rebuilt[k]
+        return d.made[k]
 
     binaries = sum(map(len, r)) + sum(map(len, s_var))
 
@@ -286,7 +316,7 @@ def general_bound(
         for k, var in r[t].items():
             if k == stage.forward_op:
                 continue
-            touched = d.reads[k] | d.made[k]
+            touched = d.reads[k] | made(t, k)
             own = sum(mib[s] for s in touched) + nodes[k]["fwd_workspace_bytes"] / BYTE_SCALE
             rest = sum(mib[s] * v for s, v in a[t].items() if s not in touched)
             solver.Add(stage.before_bytes / BYTE_SCALE + own * var + rest <= budget)
@@ -306,6 +336,14 @@ def general_bound(
     if remaining_s <= 0:
         return result("timed_out")
     solver.SetTimeLimit(max(1, int(remaining_s * 1000)))
+    if hint:  # the backward stages' recomputations of a schedule to start from
+        hinted = [
+            (v, float((stage.name, i) in hint))
+            for t, stage in enumerate(d.stages)
+            if stage.forward_op is None
+            for i, v in r[t].items()
+        ]
+        solver.SetHint([v for v, _ in hinted], [x for _, x in hinted])
     if backend == "scip":
         solver.SetSolverSpecificParametersAsString(
             "parallel/maxnthreads = 1\nrandomization/randomseedshift = 0\n"
