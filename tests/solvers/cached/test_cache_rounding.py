@@ -14,6 +14,7 @@ from chkpt_opt.graphs.synthetic import random_dag
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import auto, get_solver
+from chkpt_opt.solvers.auto import keep_set
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
 from chkpt_opt.solvers.deadline import Deadline
@@ -82,15 +83,15 @@ def test_auto_rounds_before_a_keep_set_stage_that_takes_its_whole_share(
     graph = base.graph
     budget = int(0.65 * simulate(graph, Schedule()).peak_bytes)
     rounded = cache_rounding(graph, budget)
-    real = auto.get_solver
+    real = keep_set.get_solver
 
     def slow_exact(graph, budget_bytes: int, *, time_limit_s: float | None = None):
         time.sleep(time_limit_s or 0.0)  # the whole share, as a cut exact solver does
         return real("greedy")(graph, budget_bytes)
 
-    monkeypatch.setattr(auto, "pick_exact", lambda graph, **_: ["slow_exact"])
+    monkeypatch.setattr(keep_set, "pick_exact", lambda graph, **_: ["slow_exact"])
     monkeypatch.setattr(
-        auto,
+        keep_set,
         "get_solver",
         lambda name, **kw: slow_exact if name == "slow_exact" else real(name, **kw),
     )

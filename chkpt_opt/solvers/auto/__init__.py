@@ -1,0 +1,109 @@
+"""``solver="auto"``: the exact solver that fits the graph, after the cheap heuristics, and
+the searches beyond keep-set; the only module that composes solvers, by what their results
+prove.
+
+:mod:`~chkpt_opt.solvers.auto.keep_set` runs the keep-set stages (keep-all, the heuristics,
+the exact solver that fits), :mod:`~chkpt_opt.solvers.auto.beyond` the searches beyond
+keep-set in the time left; each says what it runs and when it stops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.frozen import frozen
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.simulate import simulate
+from chkpt_opt.solvers.auto.beyond import LOWEST_PEAK_SHARE, beyond_keep_set
+from chkpt_opt.solvers.auto.keep_set import NO_FIT_KEEP_SET_SHARE, keep_set_result
+from chkpt_opt.solvers.base import SolveResult
+from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
+from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
+from chkpt_opt.solvers.keepset.choice import PRUNED_MAX_OPS, PRUNED_MIN_POSITIONS
+from chkpt_opt.solvers.registry import register
+
+__all__ = ["LOWEST_PEAK_SHARE", "NO_FIT_KEEP_SET_SHARE", "AutoSolver"]
+
+BOUND_SHARE = 0.15
+"""The share of the time limit the recompute bound may take (measured 0.2-1.1 s on graphs
+of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
+ROUNDING_SHARE = 0.1
+"""The share of the time limit the cached-op rounding may take after the bound (it stops
+judging schedules there; measured 0.3-3 s on Hugging Face graphs of 153-636 ops)."""
+
+
+@register("auto", "keep-all if it fits, else the heuristics and the exact solver that fits")
+@dataclass(frozen=True)
+class AutoSolver:
+    """Heuristics, then the exact solver that fits; the best result with an honest status.
+
+    Attributes:
+        solvers: the cheap solvers tried first, in order (stopping at a proven optimum).
+        exact: also run the exact solver that fits the graph (``pick_exact``).
+        enumerate_max_schedules: graphs with at most this many schedules are enumerated.
+        flat_max_positions: above this many allowed cuts, graphs of at most
+            ``pruned_max_ops`` ops go to the pruned every-cut solver, larger repeated-block
+            graphs to the hierarchical solver.
+        pruned_max_ops: see ``flat_max_positions``.
+        pruned_min_positions: above this many allowed cuts, graphs of at most
+            ``pruned_max_ops`` ops go to the pruned every-cut solver (None: only above
+            ``flat_max_positions``).
+        default_time_limit_s: time limit of the exact solver when none is given.
+        general: also search schedules beyond keep-set (cached ops, nested regions); on
+            by default.
+        nesting: with ``general``, also search nested regions (``dp_nested`` and the
+            nested heuristic); False keeps to one level of regions with cached ops, what
+            the ``torch.compile`` path runs (``Plan.for_compile``).
+        general_share: with ``general``, the share of the time limit kept for the searches
+            beyond keep-set (they also get what the keep-set stages leave): the keep-set
+            stages stop earlier than without ``general``, which changes their result only
+            where they were cut by the limit. At 0.2 that cut fell among the keep-set
+            proof times measured on BERT within 20 s and on the corpus's encoder within
+            60 s, and a cut proof left the general result costlier than keep-set's; at
+            0.1 the searches lost little (``benchmarks/auto_share.py``; docs/limits.md).
+            Not taken from a block search that is the whole keep-set stage (the module
+            docstring).
+    """
+
+    solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
+    exact: bool = True
+    enumerate_max_schedules: int = 2000
+    flat_max_positions: int | None = DEFAULT_MAX_POSITIONS
+    pruned_max_ops: int = PRUNED_MAX_OPS
+    pruned_min_positions: int | None = PRUNED_MIN_POSITIONS
+    default_time_limit_s: float = 60.0
+    general: bool = True
+    nesting: bool = True
+    general_share: float = 0.1
+    name: str = "auto"
+
+    def __call__(
+        self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
+    ) -> SolveResult:
+        with frozen(graph):  # every stage simulates this graph: its facts once
+            return self._solve(graph, budget_bytes, time_limit_s)
+
+    def _solve(
+        self, graph: CostGraph, budget_bytes: int, time_limit_s: float | None
+    ) -> SolveResult:
+        limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
+        deadline = Deadline.after(limit)
+        cover = recompute_bound(graph, budget_bytes, deadline=deadline.share(BOUND_SHARE))
+        if not self.general:
+            return keep_set_result(self, graph, budget_bytes, deadline, cover)
+        # The cached-op rounding reads only the bound's LP, so it runs before the keep-set
+        # stages, which would leave it little where they run to their share.
+        rounded = None
+        if simulate(graph, Schedule()).peak_bytes > budget_bytes:  # else keep-all is optimal
+            rounded = cache_rounding(
+                graph,
+                budget_bytes,
+                relaxed=cover,
+                deadline=deadline.share(BOUND_SHARE + ROUNDING_SHARE),
+            )
+        keep_deadline = deadline.share(1.0 - self.general_share)
+        keep = keep_set_result(self, graph, budget_bytes, keep_deadline, cover, whole=deadline)
+        return beyond_keep_set(graph, budget_bytes, keep, rounded, deadline, cover, self.nesting)

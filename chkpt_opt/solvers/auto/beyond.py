@@ -1,0 +1,205 @@
+"""``auto`` beyond keep-set (:func:`beyond_keep_set`).
+
+Beyond keep-set (``general=True``, the default; ``general=False`` stops at keep-set): the
+proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``), except
+where the keep-set result meets the recompute bound (or, nothing fitting, its floor), which
+holds over every schedule: the search stops there (``"every_schedule"``). Right after the
+bound (where keep-all does not fit), the cached ops that the recompute bound's LP keeps are
+rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint
+schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
+schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
+The keep-set stages stop at 90% of the limit (``general_share``), with three exceptions
+(:mod:`~chkpt_opt.solvers.time_split`). A keep-set stage that proves nothing (the block
+search of ``hierarchical``) ends at half the limit: the cached-op searches after it find
+what it misses. The pruned search runs its block search first (``blocks_first``) for as
+long as in ``pruned`` alone (half the limit), also where its program cannot be built in
+time (it proves nothing there either); its exact phase gets what is left up to 90%. Where
+no heuristic's keep-set schedule fits, the exact keep-set stage ends at
+``NO_FIT_KEEP_SET_SHARE`` of the limit. In
+the time left after the keep-set stages, ``dp_nested`` (exact over nested schedules that
+cache nothing, on graphs that are simple chains; where no keep-set schedule fits, also over
+the blocks between a graph's separators; it refuses others at once) runs; where no keep-set
+schedule fits, the nested (multi-level) heuristic then looks below the keep-set memory
+floor with half the time left; the cached-op search starts from the keep-set result, from
+greedy's schedule (where it differs) and, where it is better, from the rounded schedule.
+Then, unless the best so far meets the recompute bound, the exact program over one-level
+schedules with cached ops (``milp_cached``, started from the keep-set result, searching
+only schedules cheaper than the best so far) runs in all the time left (where nothing fits,
+its lowest-peak search in at most ``LOWEST_PEAK_SHARE`` of the limit), and the cached-op
+search from its schedule where that is the best. Proofs over parts of
+the space beyond keep-set (``dp_nested``'s, ``milp_cached``'s) are reported in
+``stats["space_optima"]``, keyed by what each proves. A schedule from them
+wins only if it is better (cheaper while fitting, or a lower peak while nothing fits); it
+is then ``feasible`` (or ``infeasible``) with the recompute bound, the one bound here that
+holds over the larger space, and ``stats["keep_set"]`` records the keep-set result it beat.
+
+``general`` is on by default: codegen runs nested regions and cached ops with the keep-set
+path's rules (explicit generators replayed through every level, batch-norm statistics and
+in-place state updates applied once per step, a model's writes to its inputs replayed into
+private copies, ``torch.compile`` of the eager module tracing each outermost region flat),
+and the hard-model, end-to-end and peer tests pass with it. The nested search does not
+nest on graphs that write state in place (:func:`~chkpt_opt.schedule.nesting_allowed`).
+The compiled path runs one level of regions, with their cached ops: for a nested
+schedule ``Plan.for_compile`` solves the plan at the same budget with ``nesting=False``
+(keep-set stages, the rounding and the cached-op searches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from chkpt_opt.errors import SolverError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.solvers.auto.keep_set import log_stage
+from chkpt_opt.solvers.base import Solver, SolveResult, SolveStatus, best_of, meets_bound
+from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound
+from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
+from chkpt_opt.solvers.registry import get_solver
+
+LOWEST_PEAK_SHARE = 0.25
+"""Where nothing fits, the most of the time limit the cached-op program's lowest-peak
+search takes (it rarely goes below the nested searches, and ``smallest_peak``, which every
+refused budget calls, would otherwise take the whole limit)."""
+
+
+def improves(result: SolveResult, keep: SolveResult) -> bool:
+    if result.feasible:
+        return not keep.feasible or result.objective < keep.objective * (1 - 1e-9) - 1e-15
+    return not keep.feasible and result.peak_bytes < keep.peak_bytes
+
+
+def beyond_keep_set(
+    graph: CostGraph,
+    budget_bytes: int,
+    keep: SolveResult,
+    rounded: SolveResult | None,
+    deadline: Deadline,
+    cover: RecomputeBound,
+    nesting: bool,
+) -> SolveResult:
+    """The keep-set result, or a better schedule beyond keep-set (see the module
+    docstring; without ``nesting``, one level of regions with cached ops). ``cover``'s
+    bound holds over every schedule, so it is the bound of a result from beyond
+    keep-set."""
+    if _proven_over_every_schedule(keep, cover):
+        return dataclasses.replace(keep, stats=dict(keep.stats, proofs_over="every_schedule"))
+    keep_stats = dict(keep.stats, proofs_over="keep_set")
+    # Beside the rounding: the exact nested DP (it refuses what it cannot plan at once);
+    # the cached-op searches from the rounded schedule where it beats keep-set's, from
+    # keep-set's, and from greedy's (``cached`` alone's start: on Checkmate's FCN-8 at
+    # 0.8 it found 0.14% extra compute, auto without it 2.9%); the nested heuristic where
+    # no keep-set schedule fits.
+    assert rounded is not None  # it ran unless keep-all fits, which returned above
+    starts = [rounded.schedule, keep.schedule] if improves(rounded, keep) else [keep.schedule]
+    # Blocks between separators only where no keep-set schedule fits: coarser than keep-set's
+    # cuts (the small encoder at 0.7 of its peak: 1.24 against 0.90 ms), below its floor
+    # they are what fits (the small GPT at 0.29: 26 ms; the nested heuristic's plan 62 ms).
+    searches = [get_solver("dp_nested", blocks=not keep.feasible)] if nesting else []
+    greedy = greedy_sweep(graph, budget_bytes, time_limit_s=deadline.remaining_s()).schedule
+    starts += [] if greedy in starts else [greedy]  # keep-set's result is often greedy's
+    searches += [get_solver("cached", warm_start=start) for start in starts]
+    weights = [1.0] * len(searches)
+    if nesting and not keep.feasible:  # below the keep-set floor: half the time left first
+        searches.insert(1, get_solver("nested"))
+        weights.insert(1, float(len(weights)))
+    found = [rounded]
+    refused: dict[str, str] = {}
+
+    def run(search: Solver, time_limit_s: float | None) -> None:
+        try:
+            found.append(search(graph, budget_bytes, time_limit_s=time_limit_s))
+            log_stage(found[-1], deadline)
+        except SolverError as err:
+            refused[search.name] = str(err)
+
+    for k, search in enumerate(searches):
+        left_s = deadline.remaining_s()
+        run(search, None if left_s is None else left_s * weights[k] / sum(weights[k:]))
+    # Then, in the time left, the exact program over one-level schedules with cached ops
+    # (it takes the keep-set result as its start and cost cap), and the cached-op search
+    # from its result where that is the best so far; not where the best already meets the
+    # bound that holds over every schedule.
+    best = best_of([keep, *found])
+    if not _proven_over_every_schedule(best, cover):
+        before = len(found)
+        cap_s = best.objective if best.feasible else None  # only cheaper schedules matter
+        cached_program = get_solver("milp_cached", keep_set=keep, cost_cap_s=cap_s)
+        left_s = deadline.remaining_s()
+        if not best.feasible and left_s is not None and deadline.limit_s is not None:
+            left_s = min(left_s, LOWEST_PEAK_SHARE * deadline.limit_s)
+        run(cached_program, left_s)
+        best = best_of([keep, *found])
+        exact_won = len(found) > before and found[-1] is best
+        if exact_won and best.schedule.saved and not deadline.expired():
+            run(get_solver("cached", warm_start=best.schedule), deadline.remaining_s())
+    keep_stats["beyond_keep_set"] = {f"{r.solver}#{k}": r.status.value for k, r in enumerate(found)}
+    if refused:
+        keep_stats["beyond_keep_set_refused"] = refused
+    # Proofs over parts of the space beyond keep-set (dp_nested's: nested schedules that
+    # cache nothing; milp_cached's: one level with cached ops), by what each result says
+    # it proves.
+    optima = {
+        str(r.stats["optimal_over"]): {
+            "solver": r.solver,
+            "status": r.status.value,
+            "objective_s": r.objective,
+            "peak_bytes": r.peak_bytes,
+        }
+        for r in found
+        if r.proven and r.stats.get("optimal_over")
+    }
+    if optima:
+        keep_stats["space_optima"] = optima
+    better = [r for r in found if improves(r, keep)]
+    if not better:
+        return dataclasses.replace(keep, stats=keep_stats, solve_s=deadline.elapsed_s())
+    best = best_of(better)
+    stats = dict(best.stats)
+    stats.update(
+        {k: keep_stats[k] for k in ("space_optima", "beyond_keep_set_refused") if k in keep_stats},
+        tried={**keep.stats.get("tried", {}), **keep_stats["beyond_keep_set"]},
+        chosen=best.solver,
+        beyond_keep_set=keep_stats["beyond_keep_set"],
+        keep_set={
+            "status": keep.status.value,
+            "objective_s": keep.objective,
+            "bound_s": keep.bound,
+            "peak_bytes": keep.peak_bytes,
+            "chosen": keep.stats.get("chosen"),
+        },
+        recompute_bound=cover.summary(),
+    )
+    if not best.feasible:  # the floor holds over every schedule, beyond keep-set too
+        stats.update(
+            min_feasible_bytes=best.peak_bytes,
+            min_feasible_proven=cover.floor_bytes >= best.peak_bytes,
+            min_feasible_lower_bytes=min(cover.floor_bytes, best.peak_bytes),
+        )
+    if best.feasible:
+        status = SolveStatus.FEASIBLE
+        if meets_bound(best.objective, cover.bound_s):
+            status = SolveStatus.OPTIMAL
+    else:
+        status = SolveStatus.INFEASIBLE
+    return dataclasses.replace(
+        best,
+        status=status,
+        bound=cover.bound_s if best.feasible else None,
+        budget_bytes=budget_bytes,
+        solver=keep.solver,
+        solve_s=deadline.elapsed_s(),
+        stats=stats,
+        proves_infeasible=cover.proves_infeasible,
+    )
+
+
+def _proven_over_every_schedule(result: SolveResult, cover: RecomputeBound) -> bool:
+    """Whether nothing beyond keep-set can beat ``result``: it recomputes nothing, or its
+    cost meets the recompute bound, or (nothing fitting) its peak meets the bound's floor;
+    the bound and the floor hold over every schedule."""
+    if result.feasible:
+        if result.objective <= 0.0:
+            return True
+        return meets_bound(result.objective, cover.bound_s)
+    return cover.floor_bytes >= result.peak_bytes
