@@ -17,6 +17,7 @@ from chkpt_opt.codegen.runtime import (
     end_cached_op,
     run_cached_for_compile,
 )
+from chkpt_opt.codegen.staged import outline_staged_scope
 from chkpt_opt.codegen.state import (
     StateInfo,
     guard_stateful,
@@ -252,7 +253,8 @@ def rewrite_module(
         module: a GraphModule whose call nodes are the nodes of ``graph``.
         graph: the cost graph of that module.
         schedule: a valid schedule of ``graph``; its unpacked ops run under saved-tensor
-            hooks (:mod:`~chkpt_opt.codegen.unpack`), not on the compile path.
+            hooks (:mod:`~chkpt_opt.codegen.unpack`), not on the compile path; a staged
+            schedule runs under its executor (:mod:`~chkpt_opt.codegen.staged`), eagerly.
         for_compile: emit regions for ``torch.compile`` (plain non-reentrant checkpoint,
             which dynamo turns into regions its partitioner recomputes; no eager guards).
 
@@ -260,6 +262,16 @@ def rewrite_module(
         ``module``, rewritten and recompiled.
     """
     check_schedule(graph, schedule)
+    if schedule.staged:
+        if for_compile:
+            raise ScheduleError(
+                "this schedule is staged: its recomputations run in hooks on backward nodes, "
+                "which the torch.compile path does not run. Apply it eagerly (plan.apply())."
+            )
+        outline_staged_scope(module, graph, schedule)
+        module.graph.lint()
+        module.recompile()
+        return module
     if for_compile and schedule.nested:
         raise ScheduleError(
             "this schedule nests regions; the torch.compile path runs one level of regions "

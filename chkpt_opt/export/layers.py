@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule, cut_positions
 from chkpt_opt.simulate import simulate
@@ -132,6 +133,17 @@ class Lowering:
         )
 
 
+def refuse_staged(schedule: Schedule, lowering: str) -> None:
+    """Raises where ``schedule`` is staged: no lowering expresses ops recomputed just before
+    chosen backward ops."""
+    if schedule.staged:
+        raise ScheduleError(
+            f"this schedule is staged (ops recomputed just before chosen backward ops), which "
+            f"{lowering} cannot express. Run it eagerly (plan.apply()), or lower a plan solved "
+            "without staging."
+        )
+
+
 def choose_layers(
     graph: CostGraph, schedule: Schedule, *, budget_bytes: int | None = None
 ) -> tuple[Layers, tuple[int, ...]]:
@@ -141,6 +153,7 @@ def choose_layers(
     With a budget, more layers are added (the ones saving the most memory per second of
     recomputation first) until the lowered schedule fits, if it can.
     """
+    refuse_staged(schedule, "a per-layer checkpointing setting")
     layers = find_layers(graph)
     order = ordered_nodes(graph)
     recomputed = schedule.recomputed_nodes()

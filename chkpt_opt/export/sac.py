@@ -37,7 +37,7 @@ from torch.utils.checkpoint import (
 
 from chkpt_opt.codegen.runtime import saveable_kernel
 from chkpt_opt.errors import ScheduleError
-from chkpt_opt.export.layers import find_layers
+from chkpt_opt.export.layers import find_layers, refuse_staged
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners
 from chkpt_opt.schedule import Schedule
 
@@ -122,7 +122,11 @@ def lower_to_sac(graph: CostGraph, schedule: Schedule, issued: dict[str, list[st
         graph: the cost graph.
         schedule: the schedule to express.
         issued: :func:`dispatched_ops` of the traced module.
+
+    Raises:
+        ScheduleError: a staged schedule, which no per-layer policy expresses.
     """
+    refuse_staged(schedule, "a per-layer selective-checkpoint policy")
     layers = find_layers(graph)
     order = ordered_nodes(graph)
     recomputed = schedule.recomputed_nodes()

@@ -1,0 +1,179 @@
+"""Codegen of a staged schedule (:mod:`chkpt_opt.staged`): the forward runs every op once
+under saved-tensor hooks, and a pre-hook on each stage's autograd node recomputes the
+stage's ops just before the node runs, holding each value as
+:func:`chkpt_opt.staged.sequence.lower_staged` (the simulator's reference) says.
+
+:func:`~chkpt_opt.codegen.staged_plan.staged_plan` names, before anything runs, the
+instance of a storage each use takes. At run time (:class:`StagedScope`, its hooks pushed
+by a ``with``, so an error in the forward leaves none behind):
+
+* every op of the graph runs through :func:`run_staged_op` (a tensor method looked up on
+  its tensor at call time), which registers the storages its outputs own (matched by
+  ``untyped_storage().data_ptr()``, with a weak reference that tells a live storage from a
+  freed one) under their graph names, keeps a recipe of each op a stage recomputes (the
+  callee; its arguments, a graph storage by reference with the argument's geometry,
+  anything else detached), and keeps each forward tensor a recomputation reads until then;
+* the pack hook saves a tensor (detached: autograd rebuilds the saved variable on unpack)
+  where its saver's backward takes the forward instance, else a handle on the recomputed
+  instance with the tensor's geometry (a view is rebuilt as that view); tensors an op
+  saves while it runs are matched once it has returned (its outputs are packed before);
+* a pre-hook on a stage op's autograd node (the ``grad_fn`` of its output) runs the
+  stage's recomputations in order, under ``no_grad`` and the forward's autocast state;
+  a post-hook on a saver's node ends its use of the instances it unpacked (after the node
+  has reduced its gradients, as the op sequence frees them). An instance is dropped after
+  its last use, and at once where no use holds it.
+
+A staged step runs one backward pass per forward (``retain_graph=True`` and a second
+backward are refused). A stage at an op that returns a tensor of an earlier op
+(``getitem`` of a tuple, ``broadcast_tensors`` of equal shapes) has no autograd node of its
+own and is refused, naming the op that owns the node. With gradients disabled (``no_grad``,
+inference, evaluation) or while compiling, the forward runs as it is, with no hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx
+
+from chkpt_opt.codegen.staged_plan import StagedPlan, staged_plan
+from chkpt_opt.codegen.staged_run import StagedRun, unpack_staged
+from chkpt_opt.codegen.wrapped_call import wrapped_call
+from chkpt_opt.errors import ScheduleError
+from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.schedule import Schedule
+
+_CALLEE = "_chkpt_staged_callee_"
+"""The name prefix of the attributes that hold ops' callees in the staged body."""
+
+_CURRENT: contextvars.ContextVar[StagedRun | None] = contextvars.ContextVar(
+    "chkpt_opt_staged_run", default=None
+)
+
+
+def run_staged_op(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Calls op ``name`` of the staged body: through the running forward's executor where
+    one is active, else just calls it."""
+    run = _CURRENT.get()
+    if run is None:
+        return fn(*args, **kwargs)
+    return run.call(name, fn, args, kwargs)
+
+
+@contextlib.contextmanager
+def _active(plan: StagedPlan) -> Iterator[None]:
+    run = StagedRun(plan)
+    token = _CURRENT.set(run)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(run.pack, unpack_staged):
+            yield
+    finally:
+        _CURRENT.reset(token)
+        run.end_forward()
+
+
+class _Method:
+    """A tensor method, called by name on its first argument."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(tensor, self.name)(*args, **kwargs)
+
+
+class StagedScope(torch.nn.Module):
+    """Runs the forward under a staged schedule's executor (with gradients enabled, not
+    while compiling). The body is held outside the module tree."""
+
+    def __init__(self, body: torch.fx.GraphModule, plan: StagedPlan) -> None:
+        super().__init__()
+        object.__setattr__(self, "_body", body)
+        self.plan = plan
+
+    @property
+    def body(self) -> torch.fx.GraphModule:
+        """The outlined forward."""
+        return self._body
+
+    def forward(self, *args: Any) -> Any:
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return self._body.forward(*args)
+        with _active(self.plan):
+            return self._body.forward(*args)
+
+    def extra_repr(self) -> str:
+        steps = self.plan.steps
+        return "; ".join(
+            f"{b}: {', '.join(steps[j] for j in js)}" for b, js in self.plan.stages.items()
+        )
+
+
+def outline_staged_scope(gm: torch.fx.GraphModule, graph: CostGraph, schedule: Schedule) -> None:
+    """Moves the forward of ``gm`` from its first op on into a :class:`StagedScope` whose
+    body calls every op of ``graph`` through :func:`run_staged_op` (``gm`` is modified in
+    place; the caller recompiles it).
+
+    Raises:
+        ScheduleError: an op the schedule names that ``gm``'s forward does not run.
+    """
+    plan = staged_plan(graph, schedule)
+    nodes = list(gm.graph.nodes)
+    names = {n.name for n in nodes}
+    missing = sorted(({b for b, _ in schedule.staged} | set(plan.steps)) - names)
+    if missing:
+        raise ScheduleError(
+            f"the staged schedule names ops {missing[:3]} that the module's forward does not "
+            "run; it was made for another model or another trace of it."
+        )
+    first = min(i for i, n in enumerate(nodes) if n.name in graph)
+    output = nodes[-1]
+    body_nodes = [n for n in nodes[first:-1] if n.op not in ("placeholder", "get_attr")]
+    inside = set(body_nodes)
+    ext = list(
+        dict.fromkeys(a for node in body_nodes for a in node.all_input_nodes if a not in inside)
+    )
+    sub = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for arg in ext:
+        env[arg] = sub.placeholder(f"in_{arg.name}")
+        env[arg].meta = dict(arg.meta)
+
+    def store(target: Any, name: str) -> str:  # a function's callee, which the body copies
+        setattr(gm, f"{_CALLEE}{name}", target)
+        return f"{_CALLEE}{name}"
+
+    for node in body_nodes:
+        if node.name in graph and node.op == "call_method":
+            # looked up at call time: a recipe keeps the tensor as an argument, by reference
+            args = tuple(torch.fx.map_arg(node.args, lambda x: env[x]))
+            kwargs = dict(torch.fx.map_arg(node.kwargs, lambda x: env[x]))
+            callee = sub.get_attr(store(_Method(str(node.target)), node.name))
+            env[node] = sub.call_function(run_staged_op, (node.name, callee, *args), kwargs)
+            env[node].meta = dict(node.meta)
+        elif node.name in graph:
+            env[node] = wrapped_call(
+                sub, node, env, run_staged_op, lambda t, n=node.name: store(t, n), node.name
+            )
+        else:
+            env[node] = sub.node_copy(node, lambda x: env[x])
+    returned = [n for n in output.all_input_nodes if n in inside]
+    sub.output(tuple(env[n] for n in returned))
+    body = torch.fx.GraphModule(gm, sub, class_name="StagedBody")
+    gm.add_submodule("chkpt_staged_scope", StagedScope(body, plan))
+    with gm.graph.inserting_before(output):
+        call = gm.graph.call_module("chkpt_staged_scope", tuple(ext))
+        items = {
+            n: gm.graph.call_function(operator.getitem, (call, i)) for i, n in enumerate(returned)
+        }
+    for node, item in items.items():
+        item.meta = dict(node.meta)
+    output.args = torch.fx.map_arg(output.args, lambda x: items.get(x, x))
+    output.kwargs = torch.fx.map_arg(output.kwargs, lambda x: items.get(x, x))
+    for node in reversed(body_nodes):
+        gm.graph.erase_node(node)

@@ -1,0 +1,117 @@
+"""What the executor of a staged schedule (:mod:`chkpt_opt.codegen.staged`) reads, worked out
+from the graph and the schedule before anything runs: which instance of each storage every
+use takes, by the rule of :func:`chkpt_opt.staged.sequence.lower_staged` (the latest
+instance computed before the use).
+
+An instance is ``(storage, j)``: made by recomputation step ``j`` (the steps of all stages,
+in the order they run), or ``j = -1`` for the forward's. The uses the executor serves are a
+recomputation step reading a storage (:func:`~chkpt_opt.staged.sequence.stage_reads`) and a
+backward op unpacking a storage it saved; forward readers, savers whose use takes the
+forward instance and the step's outputs hold the forward's tensors as eager PyTorch does.
+
+Example:
+    >>> from chkpt_opt.graphs.synthetic import chain_graph
+    >>> from chkpt_opt.schedule import Schedule
+    >>> from chkpt_opt.staged import staged_schedule
+    >>> g = chain_graph(3, activation_bytes=1000)  # n0 -> n1 -> n2, each saving its input
+    >>> plan = staged_plan(g, Schedule(staged=staged_schedule(g, {"n2": ["n0", "n1"]})))
+    >>> plan.steps, plan.stages, plan.reads[1]
+    (('n0', 'n1'), {'n2': (0, 1)}, {'n0': ('n0', 0)})
+    >>> sorted(plan.handles.items())  # each backward unpacks what the stage recomputed
+    [(('n1', 'n0'), ('n0', 0)), (('n2', 'n1'), ('n1', 1))]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from chkpt_opt.errors import ScheduleError, short
+from chkpt_opt.graphs.costgraph import CostGraph, storage_owners
+from chkpt_opt.schedule import Schedule
+from chkpt_opt.staged.sequence import stage_reads
+from chkpt_opt.unpack.rule import rebuilt_storages
+
+Key = tuple[str, int]
+"""An instance of a storage: ``(storage, j)``, made by recomputation step ``j`` (``-1``: the
+forward's)."""
+
+
+@dataclass(frozen=True)
+class StagedPlan:
+    """What the executor of a staged schedule reads (see the module docstring).
+
+    Attributes:
+        steps: the op of each recomputation step, in the order they run.
+        stages: each stage's op -> its recomputation steps.
+        reads: per step, the instance each storage it reads is taken from.
+        handles: ``(saver, storage)`` -> the recomputed instance the saver's backward
+            unpacks (absent: the forward's, which autograd saves as it is).
+        planned: instance -> how many recomputation steps read it.
+        outputs: the storages with bytes that each op the executor follows returns, in the
+            order of its outputs.
+        backward: the ops that run a backward.
+        recomputed: the ops some stage recomputes.
+    """
+
+    steps: tuple[str, ...]
+    stages: dict[str, tuple[int, ...]]
+    reads: tuple[dict[str, Key], ...]
+    handles: dict[tuple[str, str], Key]
+    planned: dict[Key, int]
+    outputs: dict[str, tuple[str, ...]]
+    backward: frozenset[str]
+    recomputed: frozenset[str]
+
+
+def staged_plan(graph: CostGraph, schedule: Schedule) -> StagedPlan:
+    """The plan of ``schedule``, a checked staged schedule of ``graph``.
+
+    Raises:
+        ScheduleError: a recomputed op that would have to rebuild a storage it does not
+            return (a buffer another op saves), which a call of the op cannot give back.
+    """
+    nodes = graph.nodes
+    steps = tuple(r for _, ops in schedule.staged for r in ops)
+    stage_of = [b for b, ops in schedule.staged for _ in ops]
+    made: dict[str, list[int]] = {}
+    for j, r in enumerate(steps):
+        hidden = sorted(rebuilt_storages(graph)[r] - set(nodes[r]["outputs"]))
+        if hidden:
+            raise ScheduleError(
+                f"staged schedule: op {short(r)} owns storages {hidden[:3]} that other ops "
+                "save but that it does not return, so its recomputation cannot rebuild "
+                f"them; drop {short(r)} from the stage of {short(stage_of[j])}."
+            )
+        for sid in nodes[r]["outputs"]:
+            made.setdefault(sid, []).append(j)
+
+    def latest(sid: str, before: int) -> Key:
+        found = [j for j in made.get(sid, ()) if j < before]
+        return (sid, found[-1] if found else -1)
+
+    reads = tuple(
+        {sid: latest(sid, j) for sid in stage_reads(graph, r)} for j, r in enumerate(steps)
+    )
+    backward = frozenset(n for n in graph.nodes if nodes[n]["has_backward"])
+    handles: dict[tuple[str, str], Key] = {}
+    for n in backward:
+        # the backward of n runs after the steps of the stages at n and before it
+        before = sum(1 for b in stage_of if nodes[b]["index"] >= nodes[n]["index"])
+        for sid in nodes[n]["saved"]:
+            key = latest(sid, before)
+            if key[1] >= 0:
+                handles[(n, sid)] = key
+    planned = Counter(key for step in reads for key in step.values())
+    owner = storage_owners(graph)
+    followed = set(steps) | {owner[sid] for sid, _ in planned}
+    return StagedPlan(
+        steps=steps,
+        stages={b: tuple(j for j, s in enumerate(stage_of) if s == b) for b, _ in schedule.staged},
+        reads=reads,
+        handles=handles,
+        planned=dict(planned),
+        outputs={n: tuple(s for s, size in nodes[n]["outputs"].items() if size) for n in followed},
+        backward=backward,
+        recomputed=frozenset(steps),
+    )
