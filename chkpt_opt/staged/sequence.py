@@ -5,9 +5,12 @@ with each stage's recomputations (``"recompute"`` steps, region -1) just before 
 backward op, in execution order, and the gradients of :mod:`chkpt_opt.sequence.gradients`.
 
 Each storage has one instance per computation: ``f:<storage>`` from the forward, and
-``s<position>:<storage>`` from the recomputation at that position, of the storages the op
-returns (:func:`~chkpt_opt.unpack.rebuilt_storages`). Every use takes the latest instance
-computed before it and holds it until it runs:
+``s<position>:<storage>`` from the recomputation at that position. A recomputation makes
+every storage the op owns, but only those it returns
+(:func:`~chkpt_opt.unpack.rebuilt_storages`) outlive it: a buffer of its own (a pool's
+indices that only its backward reads) is allocated and freed with the step, and its uses
+keep taking the forward's. Every use takes the latest instance computed before it and holds
+it until it runs:
 
 * a forward reader of the storage (the forward instance);
 * a recomputation that reads it (through an edge, or a saved storage it reads without one);
@@ -86,18 +89,15 @@ def lower_staged(graph: CostGraph, schedule: Schedule) -> list[Step]:
     made_at: dict[str, list[int]] = {}  # storage -> positions of its instances, in order
     names: dict[str, list[str]] = {}
     for position, (kind, n, _) in enumerate(kinds):
-        if kind == "fwd":
-            made = owned_storages(graph, n, owner)
-        elif kind == "recompute":
-            own = owned_storages(graph, n, owner)
-            made = {sid: own[sid] for sid in rebuilt_storages(graph)[n]}
-        else:
+        if kind not in ("fwd", "recompute"):
             continue
-        for sid, nbytes in made.items():
+        kept = rebuilt_storages(graph)[n] if kind == "recompute" else None
+        for sid, nbytes in owned_storages(graph, n, owner).items():
             inst = f"f:{sid}" if kind == "fwd" else f"s{position}:{sid}"
             alloc_at[inst] = (position, nbytes)
-            made_at.setdefault(sid, []).append(position)
-            names.setdefault(sid, []).append(inst)
+            if kept is None or sid in kept:  # a buffer of its own dies with the step
+                made_at.setdefault(sid, []).append(position)
+                names.setdefault(sid, []).append(inst)
 
     def use(sid: str, position: int) -> None:
         """The latest instance of ``sid`` computed before ``position`` is held until it."""

@@ -198,8 +198,9 @@ def general_bound(
             PyTorch executes here recomputes nothing in the forward pass, so the program
             without stays a bound over all of them.
         staged_rules: the rules of staged schedules (:mod:`chkpt_opt.staged`): a backward
-            stage recomputes only :func:`~chkpt_opt.staged.recomputable_ops`, and re-creates
-            only the storages the op returns (its own buffers keep their forward values).
+            stage recomputes only :func:`~chkpt_opt.staged.recomputable_ops`, and only the
+            storages the op returns outlive the recomputation (its own buffers are made and
+            freed with it; their uses keep the forward's).
             The optimum is then a bound over staged schedules only.
         hint: ``(stage, op)`` pairs (``"bwd:<op>"`` stages) of a schedule to start from.
 
@@ -260,11 +261,6 @@ def general_bound(
             return 0.0  # a buffer of its own that a staged recomputation keeps
         return r[t].get(owner, 0.0)
 
-    def made(t: int, k: str) -> frozenset[str]:
-        if staged_rules and d.stages[t].forward_op != k:
-            return d.made[k] & rebuilt[k]
-        return d.made[k]
-
     binaries = sum(map(len, r)) + sum(map(len, s_var))
 
     def result(
@@ -316,7 +312,7 @@ def general_bound(
         for k, var in r[t].items():
             if k == stage.forward_op:
                 continue
-            touched = d.reads[k] | made(t, k)
+            touched = d.reads[k] | d.made[k]
             own = sum(mib[s] for s in touched) + nodes[k]["fwd_workspace_bytes"] / BYTE_SCALE
             rest = sum(mib[s] * v for s, v in a[t].items() if s not in touched)
             solver.Add(stage.before_bytes / BYTE_SCALE + own * var + rest <= budget)
