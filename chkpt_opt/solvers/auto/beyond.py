@@ -47,6 +47,8 @@ schedule ``Plan.for_compile`` solves the plan at the same budget with ``nesting=
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from functools import partial
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
@@ -56,6 +58,7 @@ from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.registry import get_solver
+from chkpt_opt.solvers.staged.exact import DEFAULT_MAX_OPS as STAGED_MAX_OPS
 
 LOWEST_PEAK_SHARE = 0.25
 """Where nothing fits, the most of the time limit the cached-op program's lowest-peak
@@ -80,30 +83,13 @@ def beyond_keep_set(
 ) -> SolveResult:
     """The keep-set result, or a better schedule beyond keep-set (see the module
     docstring; without ``nesting``, one level of regions with cached ops). ``cover``'s
-    bound holds over every schedule, so it is the bound of a result from beyond
-    keep-set."""
-    if _proven_over_every_schedule(keep, cover):
+    bound, and the staged program's where it runs, hold over every schedule: the larger
+    is the bound of a result from beyond keep-set."""
+    every_s = cover.bound_s
+    if _proven_over_every_schedule(keep, cover, every_s):
         return dataclasses.replace(keep, stats=dict(keep.stats, proofs_over="every_schedule"))
     keep_stats = dict(keep.stats, proofs_over="keep_set")
-    # Beside the rounding: the exact nested DP (it refuses what it cannot plan at once);
-    # the cached-op searches from the rounded schedule where it beats keep-set's, from
-    # keep-set's, and from greedy's (``cached`` alone's start: on Checkmate's FCN-8 at
-    # 0.8 it found 0.14% extra compute, auto without it 2.9%); the nested heuristic where
-    # no keep-set schedule fits.
-    assert rounded is not None  # it ran unless keep-all fits, which returned above
-    starts = [rounded.schedule, keep.schedule] if improves(rounded, keep) else [keep.schedule]
-    # Blocks between separators only where no keep-set schedule fits: coarser than keep-set's
-    # cuts (the small encoder at 0.7 of its peak: 1.24 against 0.90 ms), below its floor
-    # they are what fits (the small GPT at 0.29: 26 ms; the nested heuristic's plan 62 ms).
-    searches = [get_solver("dp_nested", blocks=not keep.feasible)] if nesting else []
-    greedy = greedy_sweep(graph, budget_bytes, time_limit_s=deadline.remaining_s()).schedule
-    starts += [] if greedy in starts else [greedy]  # keep-set's result is often greedy's
-    searches += [get_solver("cached", warm_start=start) for start in starts]
-    weights = [1.0] * len(searches)
-    if nesting and not keep.feasible:  # below the keep-set floor: half the time left first
-        searches.insert(1, get_solver("nested"))
-        weights.insert(1, float(len(weights)))
-    found = [rounded]
+    found = [rounded] if rounded is not None else []
     refused: dict[str, str] = {}
 
     def run(search: Solver, time_limit_s: float | None) -> None:
@@ -113,15 +99,49 @@ def beyond_keep_set(
         except SolverError as err:
             refused[search.name] = str(err)
 
-    for k, search in enumerate(searches):
+    # Beside the rounding: the exact nested DP (it refuses what it cannot plan at once);
+    # the nested heuristic where no keep-set schedule fits; the staged program on graphs
+    # small enough for it (eager plans only: compiled ones run one level of regions), from
+    # the best schedule so far: its bound holds over every schedule, and where a result
+    # meets it, no search can do better; the cached-op searches from the rounded schedule
+    # where it beats keep-set's, from keep-set's, and from greedy's (``cached`` alone's
+    # start: on Checkmate's FCN-8 at 0.8 it found 0.14% extra compute, auto without it
+    # 2.9%). Each gets its weight's share of the time left when it starts.
+    assert rounded is not None  # it ran unless keep-all fits, which returned above
+    starts = [rounded.schedule, keep.schedule] if improves(rounded, keep) else [keep.schedule]
+    greedy = greedy_sweep(graph, budget_bytes, time_limit_s=deadline.remaining_s()).schedule
+    starts += [] if greedy in starts else [greedy]  # keep-set's result is often greedy's
+    half = float(len(starts) + 1)  # about half the time left when it starts
+    searches: list[tuple[float, Callable[[], Solver]]] = []
+    if nesting:
+        # Blocks between separators only where no keep-set schedule fits: coarser than
+        # keep-set's cuts (the small encoder at 0.7 of its peak: 1.24 against 0.90 ms),
+        # below its floor they are what fits (the small GPT at 0.29: 26 ms; the nested
+        # heuristic's plan 62 ms).
+        searches.append((1.0, lambda: get_solver("dp_nested", blocks=not keep.feasible)))
+        if not keep.feasible:
+            searches.append((half, lambda: get_solver("nested")))
+        if graph.number_of_nodes() <= STAGED_MAX_OPS:
+            searches.append(
+                (half, lambda: get_solver("staged", warm_start=best_of([keep, *found]).schedule))
+            )
+    searches += [(1.0, partial(get_solver, "cached", warm_start=start)) for start in starts]
+    weights = [w for w, _ in searches]
+    for k, (weight, make) in enumerate(searches):
         left_s = deadline.remaining_s()
-        run(search, None if left_s is None else left_s * weights[k] / sum(weights[k:]))
+        search = make()
+        run(search, None if left_s is None else left_s * weight / sum(weights[k:]))
+        staged_s = found[-1].stats.get("every_schedule_bound_s") if found else None
+        if search.name == "staged" and found[-1].solver == "staged" and staged_s is not None:
+            every_s = max(every_s or 0.0, staged_s)
+        if _proven_over_every_schedule(best_of([keep, *found]), cover, every_s):
+            break  # nothing is cheaper than a schedule that meets a bound over every one
     # Then, in the time left, the exact program over one-level schedules with cached ops
     # (it takes the keep-set result as its start and cost cap), and the cached-op search
     # from its result where that is the best so far; not where the best already meets the
     # bound that holds over every schedule.
     best = best_of([keep, *found])
-    if not _proven_over_every_schedule(best, cover):
+    if not _proven_over_every_schedule(best, cover, every_s):
         before = len(found)
         cap_s = best.objective if best.feasible else None  # only cheaper schedules matter
         cached_program = get_solver("milp_cached", keep_set=keep, cost_cap_s=cap_s)
@@ -178,14 +198,14 @@ def beyond_keep_set(
         )
     if best.feasible:
         status = SolveStatus.FEASIBLE
-        if meets_bound(best.objective, cover.bound_s):
+        if meets_bound(best.objective, every_s):
             status = SolveStatus.OPTIMAL
     else:
         status = SolveStatus.INFEASIBLE
     return dataclasses.replace(
         best,
         status=status,
-        bound=cover.bound_s if best.feasible else None,
+        bound=every_s if best.feasible else None,
         budget_bytes=budget_bytes,
         solver=keep.solver,
         solve_s=deadline.elapsed_s(),
@@ -194,12 +214,14 @@ def beyond_keep_set(
     )
 
 
-def _proven_over_every_schedule(result: SolveResult, cover: RecomputeBound) -> bool:
+def _proven_over_every_schedule(
+    result: SolveResult, cover: RecomputeBound, bound_s: float | None
+) -> bool:
     """Whether nothing beyond keep-set can beat ``result``: it recomputes nothing, or its
     cost meets the recompute bound, or (nothing fitting) its peak meets the bound's floor;
     the bound and the floor hold over every schedule."""
     if result.feasible:
         if result.objective <= 0.0:
             return True
-        return meets_bound(result.objective, cover.bound_s)
+        return meets_bound(result.objective, bound_s)
     return cover.floor_bytes >= result.peak_bytes

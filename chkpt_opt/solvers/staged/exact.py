@@ -12,7 +12,8 @@ lowered by the excess, until one fits or the time is up (``stats["rounds"]``).
 **Bound.** The program without the staged rules (any op may be recomputed, and re-creates
 everything it owns) holds every schedule of regions, nested regions, cached and unpacked
 ops and every staged schedule; its bound at the budget is the result's ``bound``, a bound
-over all of them. Where the graph has no op the rules hold back (an op that owns storages
+over all of them (also in ``stats["every_schedule_bound_s"]``, kept where the result does
+not fit). Where the graph has no op the rules hold back (an op that owns storages
 and may not be recomputed, or saves a buffer of its own that it does not return), the two
 programs are the same and one solve gives both. ``optimal`` means the schedule's recompute
 time meets that bound: optimal over every schedule PyTorch executes here.
@@ -182,5 +183,10 @@ class StagedSolver:
             bound=bound_s,
             proven_optimal=meets,
             proven_infeasible=proven_infeasible,
-            stats={"space": "general", "rounds": rounds, "separate_bound": separate},
+            stats={
+                "space": "general",
+                "rounds": rounds,
+                "separate_bound": separate,
+                "every_schedule_bound_s": bound_s,
+            },
         )

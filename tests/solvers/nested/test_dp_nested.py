@@ -220,7 +220,7 @@ def test_graphs_that_are_no_chain_are_refused_with_the_reason() -> None:
         get_solver("dp_nested")(graph, 10**9)
 
 
-def test_auto_general_takes_the_nested_optimum_below_the_keep_set_floor() -> None:
+def test_auto_general_beats_the_nested_optimum_below_the_keep_set_floor() -> None:
     graph = chain_graph(16, activation_bytes=[(k % 3 + 1) << 10 for k in range(16)])
     keep_min = get_solver("dp_chain")(graph, 0).peak_bytes
     budget = int(0.8 * keep_min)
@@ -228,15 +228,11 @@ def test_auto_general_takes_the_nested_optimum_below_the_keep_set_floor() -> Non
     assert exact.status == SolveStatus.OPTIMAL and exact.schedule.nested
     result = get_solver("auto", general=True)(graph, budget, time_limit_s=30)
     assert_valid_result(graph, result, budget)
-    # Cached ops lie outside dp_nested's space: auto's bound is the recompute bound, which
-    # holds over every schedule.
-    assert result.status == SolveStatus.FEASIBLE
-    assert result.bound == result.stats["recompute_bound"]["bound_s"]
-    assert result.bound is not None and result.bound <= result.objective
-    assert result.objective <= exact.objective * (1 + 1e-12)
-    (optimum,) = (o for o in result.stats["space_optima"].values() if o["solver"] == "dp_nested")
-    assert optimum["status"] == "optimal"
-    assert optimum["objective_s"] == exact.objective
+    # The staged program recomputes op by op, stage by stage: 0.018 s where the best
+    # nested schedule needs 0.020; its bound holds over every schedule, and meets it.
+    assert result.objective < exact.objective * (1 - 1e-3)
+    assert result.status == SolveStatus.OPTIMAL and result.schedule.staged
+    assert result.bound is not None and result.bound >= result.stats["recompute_bound"]["bound_s"]
 
 
 def test_a_region_boundary_between_an_op_and_its_view_is_outside_the_space() -> None:
