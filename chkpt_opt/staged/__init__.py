@@ -9,12 +9,11 @@ eager autograd cannot run. A schedule of regions, cached and unpacked ops recomp
 forward ops before some backward ops; as a staged schedule
 (:func:`~chkpt_opt.staged.translate.as_staged`) it does the same work and keeps at most as
 much where the ops it recomputes draw no random numbers (a region replays dropout with its
-RNG state; a stage does not recompute it) and save no buffer of their own that they do not
-return (a region's replay re-creates it; a stage keeps the forward's): ``tests/staged``.
-PyTorch runs it through saved-tensor hooks: a
-saved tensor whose use takes a recomputed value is packed as a handle, and a pre-hook on the
-backward node recomputes the stage's ops from the values kept
-(:mod:`chkpt_opt.codegen.staged`).
+RNG state; a stage does not recompute it): ``tests/staged``. PyTorch runs it through
+saved-tensor hooks: a saved tensor whose use takes a recomputed value is packed as a handle,
+and a pre-hook on the backward node recomputes the stage's ops from the values kept
+(:mod:`chkpt_opt.codegen.staged`); an op that saves a buffer of its own (a max-pool's
+indices) is recomputed with autograd recording, which hands its saved buffers over.
 
 :mod:`~chkpt_opt.staged.rule` checks a staged schedule; :mod:`~chkpt_opt.staged.sequence`
 lowers it to the op sequence the simulator reads (the one memory model).

@@ -4,9 +4,10 @@ An op may be recomputed at a stage where a recomputation gives the same values a
 executor can hold them: where it may be unpacked (:func:`chkpt_opt.unpack.unpackable_ops`:
 it owns the storages it returns, draws no random numbers, updates no state, is not a step
 output, no op writes its outputs in place, and no later op writes in place what it reads).
-A recomputation re-creates the storages the op returns
-(:func:`chkpt_opt.unpack.rebuilt_storages`); buffers internal to it keep their forward
-values.
+A recomputation re-creates every storage the op owns that some op saves
+(:func:`recomputed_storages`): those it returns, and a buffer it saves for its own backward
+(a max-pool's indices, a layer norm's statistics), which the executor captures by running
+the op with autograd recording, as checkpoint's recomputation does.
 
 Example:
     >>> from chkpt_opt.graphs.synthetic import chain_graph
@@ -23,10 +24,23 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from chkpt_opt.errors import ScheduleError, short
-from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.costgraph import CostGraph, storage_owners
+from chkpt_opt.graphs.frozen import graph_fact
 from chkpt_opt.unpack.rule import unpackable_ops
 
 Staged = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+@graph_fact
+def recomputed_storages(graph: CostGraph) -> dict[str, frozenset[str]]:
+    """For every op, the storages a recomputation of it re-creates for later uses: those it
+    returns and those it owns that some op saves."""
+    owner = storage_owners(graph)
+    saved = {sid for _, a in graph.nodes(data=True) for sid in a["saved"]}
+    return {
+        n: frozenset(a["outputs"]) | frozenset(s for s in saved if owner[s] == n)
+        for n, a in graph.nodes(data=True)
+    }
 
 
 def recomputable_ops(graph: CostGraph) -> frozenset[str]:

@@ -6,11 +6,10 @@ backward op, in execution order, and the gradients of :mod:`chkpt_opt.sequence.g
 
 Each storage has one instance per computation: ``f:<storage>`` from the forward, and
 ``s<position>:<storage>`` from the recomputation at that position. A recomputation makes
-every storage the op owns, but only those it returns
-(:func:`~chkpt_opt.unpack.rebuilt_storages`) outlive it: a buffer of its own (a pool's
-indices that only its backward reads) is allocated and freed with the step, and its uses
-keep taking the forward's. Every use takes the latest instance computed before it and holds
-it until it runs:
+every storage the op owns; those some op saves (:func:`~chkpt_opt.staged.rule.recomputed_storages`:
+what it returns, and a buffer it saves for its own backward, such as a max-pool's indices)
+are instances later uses take, the others die with the step. Every use takes the latest
+instance computed before it and holds it until it runs:
 
 * a forward reader of the storage (the forward instance);
 * a recomputation that reads it (through an edge, or a saved storage it reads without one);
@@ -39,7 +38,7 @@ from chkpt_opt.graphs.costgraph import (
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.sequence.gradients import gradient_instances, gradient_sums
 from chkpt_opt.sequence.steps import Step, steps_of
-from chkpt_opt.unpack.rule import rebuilt_storages
+from chkpt_opt.staged.rule import recomputed_storages
 
 
 def stage_reads(graph: CostGraph, node: str) -> list[str]:
@@ -91,11 +90,11 @@ def lower_staged(graph: CostGraph, schedule: Schedule) -> list[Step]:
     for position, (kind, n, _) in enumerate(kinds):
         if kind not in ("fwd", "recompute"):
             continue
-        kept = rebuilt_storages(graph)[n] if kind == "recompute" else None
+        kept = recomputed_storages(graph)[n] if kind == "recompute" else None
         for sid, nbytes in owned_storages(graph, n, owner).items():
             inst = f"f:{sid}" if kind == "fwd" else f"s{position}:{sid}"
             alloc_at[inst] = (position, nbytes)
-            if kept is None or sid in kept:  # a buffer of its own dies with the step
+            if kept is None or sid in kept:  # a storage nobody saves dies with the step
                 made_at.setdefault(sid, []).append(position)
                 names.setdefault(sid, []).append(inst)
 

@@ -14,13 +14,14 @@ from chkpt_opt.graphs.costgraph import (
     new_graph,
     node_attrs,
     ordered_nodes,
-    storage_owners,
 )
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
+from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule, cache_candidates, check_schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.staged import recomputable_ops, staged_schedule
+from chkpt_opt.staged.rule import recomputed_storages
 from chkpt_opt.staged.translate import as_staged
 from chkpt_opt.unpack import rebuilt_storages, unpack_candidates, unpack_problem
 from chkpt_opt.unpack.rule import reads_a_later_write
@@ -125,26 +126,22 @@ def test_a_staged_schedule_round_trips_through_its_file_form() -> None:
             Schedule.from_dict(bad)
 
 
-def _internal(graph: CostGraph, node: str) -> bool:
-    """Whether ``node`` saves a buffer of its own that it does not return (the pools'
-    indices of the layer-level U-Net): a staged recomputation does not re-create it."""
-    owner = storage_owners(graph)
-    saved = graph.nodes[node]["saved"]
-    return any(owner[sid] == node and sid not in rebuilt_storages(graph)[node] for sid in saved)
-
-
-def test_a_buffer_an_op_saves_for_itself_keeps_its_forward_value() -> None:
+def test_a_buffer_an_op_saves_for_itself_is_recomputed_with_it() -> None:
     # The U-Net's pool1 saves its indices for its own backward and returns only its output:
-    # a region over it recomputes the indices, a stage keeps the forward's until pool1's
-    # backward (both run as modelled; the region is the cheaper here).
+    # recomputed before enc2_1's backward, its indices are recomputed too, and the forward's
+    # die after the forward.
     g = load_graph("graphs/unet_layers.json")
-    assert _internal(g, "pool1")
-    region = Schedule(regions=(("pool1",),))
-    staged = as_staged(g, region)
-    assert staged.staged == (("pool1", ("pool1",)),)
-    indices = g.nodes["pool1"]["saved"]["pool1:buf0"]
-    region_peak = simulate(g, region).peak_bytes
-    assert region_peak < simulate(g, staged).peak_bytes <= region_peak + indices
+    assert "pool1:buf0" not in rebuilt_storages(g)["pool1"]
+    assert "pool1:buf0" in recomputed_storages(g)["pool1"]
+    staged = _staged(g, {"enc2_1": ["pool1"]})
+    steps = lower(g, staged)
+    forward = next(s for s in steps if s.kind == "fwd" and s.node == "pool1")
+    assert "f:pool1:buf0" in forward.free
+    rebuilt = next(s for s in steps if s.kind == "recompute")
+    assert (
+        dict(rebuilt.alloc)[f"s{steps.index(rebuilt)}:pool1:buf0"]
+        == (g.nodes["pool1"]["saved"]["pool1:buf0"])
+    )
 
 
 def _graphs() -> list[CostGraph]:
@@ -172,8 +169,6 @@ def test_schedules_of_regions_cached_and_unpacked_ops_keep_no_less_as_staged_one
         owning = {n for n in s.recomputed_nodes() if g.nodes[n]["outputs"]}  # views: free
         if owning - allowed or not set(cache_candidates(g, s)) >= s.saved:
             continue
-        if any(_internal(g, n) for n in s.recomputed_nodes() | s.unpacked):
-            continue  # a region recomputes such a buffer; a stage keeps the forward's
         check_schedule(g, s)
         staged = as_staged(g, s)
         profile, as_profile = simulate(g, s), simulate(g, staged)

@@ -68,7 +68,6 @@ from chkpt_opt.graphs.costgraph import (
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.staged import recomputable_ops
-from chkpt_opt.unpack import rebuilt_storages
 
 BACKENDS = {"scip": "SCIP", "highs": "HIGHS"}
 """MILP backends bundled with OR-Tools. SCIP reports a proven bound when it stops at its
@@ -198,9 +197,9 @@ def general_bound(
             PyTorch executes here recomputes nothing in the forward pass, so the program
             without stays a bound over all of them.
         staged_rules: the rules of staged schedules (:mod:`chkpt_opt.staged`): a backward
-            stage recomputes only :func:`~chkpt_opt.staged.recomputable_ops`, and only the
-            storages the op returns outlive the recomputation (its own buffers are made and
-            freed with it; their uses keep the forward's).
+            stage recomputes only :func:`~chkpt_opt.staged.recomputable_ops` (a staged
+            recomputation re-creates every storage of the op that some op saves, as the
+            program's own recomputations do).
             The optimum is then a bound over staged schedules only.
         hint: ``(stage, op)`` pairs (``"bwd:<op>"`` stages) of a schedule to start from.
 
@@ -253,13 +252,8 @@ def general_bound(
     def alive(t: int, s: str) -> pywraplp.Variable | float:
         return s_var[t].get(s, 0.0)
 
-    rebuilt = rebuilt_storages(graph)
-
     def computed(t: int, s: str) -> pywraplp.Variable | float:
-        owner = d.owner[s]
-        if staged_rules and d.stages[t].forward_op != owner and s not in rebuilt[owner]:
-            return 0.0  # a buffer of its own that a staged recomputation keeps
-        return r[t].get(owner, 0.0)
+        return r[t].get(d.owner[s], 0.0)
 
     binaries = sum(map(len, r)) + sum(map(len, s_var))
 

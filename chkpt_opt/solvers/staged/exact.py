@@ -13,9 +13,9 @@ lowered by the excess, until one fits or the time is up (``stats["rounds"]``).
 everything it owns) holds every schedule of regions, nested regions, cached and unpacked
 ops and every staged schedule; its bound at the budget is the result's ``bound``, a bound
 over all of them (also in ``stats["every_schedule_bound_s"]``, kept where the result does
-not fit). Where the graph has no op the rules hold back (an op that owns storages
-and may not be recomputed, or saves a buffer of its own that it does not return), the two
-programs are the same and one solve gives both. ``optimal`` means the schedule's recompute
+not fit). Where the graph has no op the rules hold back (an op that owns storages and may
+not be recomputed: dropout, a state update), the two programs are the same and one solve
+gives both. ``optimal`` means the schedule's recompute
 time meets that bound: optimal over every schedule PyTorch executes here.
 
 **Warm start.** The caller's schedule (``warm_start``: any form, taken as the staged
@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
@@ -48,7 +48,6 @@ from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.staged import recomputable_ops, staged_schedule
 from chkpt_opt.staged.translate import as_staged
-from chkpt_opt.unpack import rebuilt_storages
 
 DEFAULT_MAX_OPS = 120
 MAX_ROUNDS = 8
@@ -57,18 +56,13 @@ MAX_ROUNDS = 8
 
 def rules_matter(graph: CostGraph) -> bool:
     """Whether the staged rules hold some op back: an op that owns storages and may not be
-    recomputed, or one that saves a buffer of its own that it does not return."""
+    recomputed (random, stateful, in place, or reading what a later op writes in place)."""
     allowed = recomputable_ops(graph)
-    owner = storage_owners(graph)
-    rebuilt = rebuilt_storages(graph)
     outputs = set(graph.graph["outputs"])  # held to the end: never worth recomputing
-    for n in ordered_nodes(graph):
-        attrs = graph.nodes[n]
-        if attrs["outputs"] and n not in allowed and n not in outputs:
-            return True
-        if any(owner[s] == n and s not in rebuilt[n] for s in attrs["saved"]):
-            return True
-    return False
+    return any(
+        graph.nodes[n]["outputs"] and n not in allowed and n not in outputs
+        for n in ordered_nodes(graph)
+    )
 
 
 def decoded(graph: CostGraph, found: GeneralBound) -> Schedule:
