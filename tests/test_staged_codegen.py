@@ -4,9 +4,11 @@ simulated one to the byte, the plain forward without gradients, and the refusals
 
 from __future__ import annotations
 
+import copy
 import gc
 import random
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -71,6 +73,41 @@ class SharedTanh(nn.Module):
         return self.head(torch.sigmoid(self.l2(h)) * self.l3(h)).sum()
 
 
+class NormMLP(nn.Module):
+    """Linear -> layer norm -> ReLU, a residual block with a layer norm and a GELU, a head,
+    and an unreduced cross-entropy then averaged (so the cross-entropy is no step output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(16, 64)
+        self.ln1 = nn.LayerNorm(64)
+        self.l2 = nn.Linear(64, 64)
+        self.ln2 = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.ln1(self.l1(x)))
+        h = h + F.gelu(self.ln2(self.l2(h)))
+        return F.cross_entropy(self.head(h), target, reduction="none").mean()
+
+
+class ConvNorm(nn.Module):
+    """conv -> group norm -> relu -> max-pool, a residual conv, a mean over the image, a
+    linear head and a cross-entropy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = nn.GroupNorm(2, 8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(F.relu(self.gn(self.c1(x))), 2)
+        h = F.relu(self.c2(h)) + h
+        return F.cross_entropy(self.head(h.mean((2, 3))), target)
+
+
 Case = tuple[nn.Module, tuple[torch.Tensor, ...], Traced, dict[int, list[torch.Tensor]]]
 """A model, its inputs, its trace and the gradients of its own step by the number of CPU
 threads (kernels sum in another order on another number of threads)."""
@@ -79,6 +116,8 @@ MAKERS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "mlp": lambda: (MLP(), (torch.randn(256, 16), torch.randn(256, 4))),
     "pool_skip": lambda: (PoolSkip(), (torch.randn(2, 3, 32, 32), torch.randn(2, 4, 16, 16))),
     "shared_tanh": lambda: (SharedTanh(), (torch.randn(256, 16),)),
+    "norm_mlp": lambda: (NormMLP(), (torch.randn(512, 16), torch.randint(0, 10, (512,)))),
+    "conv_norm": lambda: (ConvNorm(), (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))),
 }
 
 
@@ -93,32 +132,42 @@ def models() -> dict[str, Case]:
     return out
 
 
-def _step(model: nn.Module, module: nn.Module, args: tuple) -> tuple[int, int, list[torch.Tensor]]:
+class Measured(NamedTuple):
+    """One step's bytes: the forward's peak, those alive when it ends, the backward's peak
+    (from them); and the gradients of the parameters and of the input."""
+
+    forward: int
+    held: int
+    backward: int
+    grads: list[torch.Tensor]
+
+
+def _step(model: nn.Module, module: nn.Module, args: tuple) -> Measured:
     """One step of ``module`` (the step of :func:`~chkpt_opt.measurement.step.measure_step`,
-    with the same exact storage tracker): the peaks of the forward and of the backward (from
-    the bytes alive when it starts), and the gradients of the parameters and the input."""
+    with the same exact storage tracker)."""
     leaves = [*model.parameters(), args[0]]
     for t in leaves:
         t.grad = None
     with StorageTracker() as tracker:
         out = module(*args)
-        forward = tracker.peak_bytes
+        forward, held = tracker.peak_bytes, tracker.live_bytes
         tracker.reset_peak()
         torch.autograd.backward([out], [torch.ones_like(out)])
-    return forward, tracker.peak_bytes, [t.grad.clone() for t in leaves]
+    return Measured(forward, held, tracker.peak_bytes, [t.grad.clone() for t in leaves])
 
 
-def _check(case: Case, stages: dict[str, list[str]]) -> int:
-    """Runs ``stages`` on ``case``: asserts bitwise gradients and the simulated peaks of the
-    forward and of the backward, to the byte; returns the peak."""
+def _peaks(case: Case, stages: dict[str, list[str]]) -> tuple[int, int]:
+    """Runs ``stages`` on ``case``: asserts bitwise gradients, and the simulated peaks of the
+    forward and of the backward and bytes alive between them, to the byte; returns the two
+    peaks."""
     model, args, traced, references = case
     threads = torch.get_num_threads()
     if threads not in references:
-        references[threads] = _step(model, model, args)[2]
+        references[threads] = _step(model, model, args).grads
     reference = references[threads]
     schedule = Schedule(staged=staged_schedule(traced.graph, stages))
     module = rewrite_module(traced.captured.fresh_module(), traced.graph, schedule)
-    forward, backward, grads = _step(model, module, args)
+    forward, held, backward, grads = _step(model, module, args)
     assert all(torch.equal(a, b) for a, b in zip(reference, grads)), stages
     profile = simulate(traced.graph, schedule)
     start = next(i for i, p in enumerate(profile.timeline) if p.kind == "bwd_start")
@@ -127,8 +176,14 @@ def _check(case: Case, stages: dict[str, list[str]]) -> int:
         for part in (profile.timeline[:start], profile.timeline[start:])
     ]
     assert [forward, backward] == predicted, stages
+    assert held == profile.timeline[start - 1].after_bytes, stages
     assert max(forward, backward) == profile.peak_bytes
-    return profile.peak_bytes
+    return forward, backward
+
+
+def _check(case: Case, stages: dict[str, list[str]]) -> int:
+    """:func:`_peaks`, returning the step's peak."""
+    return max(_peaks(case, stages))
 
 
 def test_the_traced_ops_are_the_ones_the_cases_name(models) -> None:
@@ -144,6 +199,27 @@ def test_the_traced_ops_are_the_ones_the_cases_name(models) -> None:
         "linear_1",
         "linear_2",
     ]
+    # the ops that save buffers of their own, and those buffers' bytes
+    for name, buffers in {
+        "pool_skip": {"max_pool2d": [32768]},  # the indices (int64)
+        "norm_mlp": {  # mean and rstd per row; the log-softmax and the total weight
+            "layer_norm": [2048, 2048],
+            "layer_norm_1": [2048, 2048],
+            "cross_entropy_loss": [20480, 4],
+        },
+        "conv_norm": {
+            "group_norm": [32, 32],
+            "max_pool2d": [65536],
+            "cross_entropy_loss": [160, 4],
+        },
+    }.items():
+        graph = models[name][2].graph
+        found = {
+            n: [b for s, b in graph.nodes[n]["saved"].items() if s.startswith(f"{n}:buf")]
+            for n in graph
+        }
+        assert {n: b for n, b in found.items() if b} == buffers, name
+    assert "cross_entropy_loss" in recomputable_ops(models["norm_mlp"][2].graph)
 
 
 NAMED: dict[str, tuple[str, dict[str, list[str]]]] = {
@@ -175,6 +251,25 @@ NAMED: dict[str, tuple[str, dict[str, list[str]]]] = {
         "shared_tanh",
         {"mul": ["tanh"], "linear_1": ["linear", "tanh"], "tanh": ["tanh"]},
     ),
+    # a max-pool rebuilt before the conv reading it: its backward unpacks the rebuilt
+    # indices, the forward's die right after the forward
+    "pool_indices": ("pool_skip", {"conv2d_1": ["max_pool2d"]}),
+    # a layer norm's mean and rstd rebuilt with it, for the linear after it and its own
+    # backward; the second one's with the residual branch
+    "layer_norm_stats": ("norm_mlp", {"linear_1": ["layer_norm", "relu"]}),
+    "layer_norm_branch": ("norm_mlp", {"add": ["linear_1", "layer_norm_1", "gelu"]}),
+    # rebuilt twice before its backward: the first rebuild's buffers die with their step
+    "layer_norm_twice": ("norm_mlp", {"add": ["layer_norm"], "linear_1": ["layer_norm"]}),
+    # rebuilt after its backward: nothing uses its buffers (they die with the step)
+    "layer_norm_late": ("norm_mlp", {"linear": ["layer_norm"]}),
+    # the cross-entropy's log-softmax and total weight rebuilt before its own backward
+    "cross_entropy": ("norm_mlp", {"mean": ["cross_entropy_loss"]}),
+    "cross_entropy_chain": ("norm_mlp", {"mean": ["add", "linear_2", "cross_entropy_loss"]}),
+    # a group norm and a pool rebuilt together; the pool again for its own backward
+    "group_norm_pool": (
+        "conv_norm",
+        {"add": ["group_norm", "relu", "max_pool2d"], "max_pool2d": ["max_pool2d"]},
+    ),
 }
 
 
@@ -202,11 +297,11 @@ def test_the_plan_takes_the_latest_instance_and_the_schedules_change_the_peak(mo
     )
 
 
-def _random_stages(graph, rng: random.Random, skip: frozenset[str]) -> dict[str, list[str]]:
+def _random_stages(graph, rng: random.Random) -> dict[str, list[str]]:
     order = ordered_nodes(graph)
     # stages at ops with an autograd node of their own (not a getitem or a pass-through)
     stages = [n for n in order if graph.nodes[n]["has_backward"] and graph.nodes[n]["outputs"]]
-    ops = sorted(recomputable_ops(graph) - skip, key=order.index)
+    ops = sorted(recomputable_ops(graph), key=order.index)
     return {
         b: rng.sample(ops, rng.randint(1, min(4, len(ops))))
         for b in rng.sample(stages, rng.randint(1, min(4, len(stages))))
@@ -216,21 +311,76 @@ def _random_stages(graph, rng: random.Random, skip: frozenset[str]) -> dict[str,
 @pytest.mark.parametrize("model", list(MAKERS))
 def test_random_staged_schedules_run_as_simulated(models, model: str) -> None:
     rng = random.Random(model)
-    skip: frozenset[str] = frozenset()
-    peaks = {
-        _check(models[model], _random_stages(models[model][2].graph, rng, skip)) for _ in range(12)
-    }
+    graph = models[model][2].graph
+    peaks = set()
+    rebuilt_buffers = 0  # schedules whose backward unpacks a rebuilt buffer of an op's own
+    for _ in range(12):
+        stages = _random_stages(graph, rng)
+        plan = staged_plan(graph, Schedule(staged=staged_schedule(graph, stages)))
+        rebuilt_buffers += any(sid.startswith(f"{n}:buf") for n, sid in plan.handles)
+        peaks.add(_check(models[model], stages))
     assert len(peaks) > 1
+    if any(":buf" in sid for n in graph for sid in graph.nodes[n]["saved"]):
+        assert rebuilt_buffers >= 2
 
 
-def test_a_rebuilt_max_pool_allocates_its_indices_too(models) -> None:
-    # aten.max_pool2d makes its indices (max_pool2d:buf0, 32768 bytes here) whenever it
-    # runs, also in a recomputation without gradients: the rebuild at conv2d_1's stage is
-    # the backward's peak, 222356 bytes measured (the model counted 208308 before it
-    # allocated the op's own buffers at a recomputation).
-    assert _check(models["pool_skip"], {"conv2d_1": ["max_pool2d", "relu_1", "conv2d_2"]}) == (
-        222356
-    )
+def test_a_rebuilt_max_pool_re_creates_its_indices(models) -> None:
+    model, args, traced, _ = case = models["pool_skip"]
+    stages = {"conv2d_1": ["max_pool2d", "relu_1", "conv2d_2"]}
+    plan = staged_plan(traced.graph, Schedule(staged=staged_schedule(traced.graph, stages)))
+    assert plan.buffers == {"max_pool2d": (("max_pool2d:buf0", 32768),)}
+    assert plan.handles[("max_pool2d", "max_pool2d:buf0")] == ("max_pool2d:buf0", 0)
+    # the forward's indices die right after the forward (the eager step holds them to the
+    # pool's backward). Before a recomputation re-created them, this schedule measured
+    # 163840 and 222356 bytes (the rebuild's indices on top of the forward's kept ones).
+    eager_forward = _step(model, model, args).forward
+    assert _peaks(case, stages) == (eager_forward - 32768, 208308) == (131072, 208308)
+
+
+def test_a_rebuilt_layer_norm_re_creates_its_statistics(models) -> None:
+    model, args, traced, _ = case = models["norm_mlp"]
+    graph = traced.graph
+    stages = NAMED["layer_norm_stats"][1]
+    plan = staged_plan(graph, Schedule(staged=staged_schedule(graph, stages)))
+    stats = (("layer_norm:buf0", 2048), ("layer_norm:buf1", 2048))
+    assert plan.buffers == {"layer_norm": stats}
+    for sid, _ in stats:
+        assert plan.handles[("layer_norm", sid)] == (sid, 0)
+    # the rebuilt statistics replace the forward's, which die with the forward's layer norm:
+    # the forward's peak (at the residual's add) is theirs lower than the eager step's
+    eager = _step(model, model, args)
+    eager_forward, eager_backward = eager.forward, eager.backward
+    assert _peaks(case, stages)[0] == eager_forward - 2 * 2048
+    # rebuilt after its backward: the backward unpacks the forward's, kept as eagerly
+    late = NAMED["layer_norm_late"][1]
+    plan = staged_plan(graph, Schedule(staged=staged_schedule(graph, late)))
+    assert not any(saver == "layer_norm" for saver, _ in plan.handles)
+    assert _peaks(case, late) == (eager_forward, eager_backward)
+
+
+def test_buffers_other_than_the_traced_ones_are_refused(models) -> None:
+    # a graph whose layer norm saw a second statistic of other bytes (another trace)
+    _, args, traced, _ = models["norm_mlp"]
+    graph = copy.deepcopy(traced.graph)
+    graph.nodes["layer_norm"]["saved"]["layer_norm:buf1"] = 4096
+    schedule = Schedule(staged=staged_schedule(graph, NAMED["layer_norm_stats"][1]))
+    module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
+    with pytest.raises(
+        ScheduleError,
+        match=r"op 'layer_norm' saved buffers of its own of \[2048, 2048\] bytes in the "
+        r"forward where its trace saw \[2048, 4096\].*drop 'layer_norm'",
+    ):
+        module(*args)
+    # a storage it owns and saves under another name than the tracer's: refused at codegen
+    saved = graph.nodes["layer_norm"]["saved"]
+    saved["layer_norm:stats"] = saved.pop("layer_norm:buf1")
+    with pytest.raises(ScheduleError, match=r"'layer_norm' owns storages \['layer_norm:stats'\]"):
+        rewrite_module(traced.captured.fresh_module(), graph, schedule)
+    # at a recomputation: one buffer where the trace saw two
+    schedule = Schedule(staged=staged_schedule(traced.graph, NAMED["layer_norm_stats"][1]))
+    run = staged_runtime.StagedRun(staged_plan(traced.graph, schedule))
+    with pytest.raises(ScheduleError, match=r"\[2048\] bytes at a recomputation"):
+        run._own_buffers("layer_norm", [torch.zeros(512)], (), (), "at a recomputation")
 
 
 class MethodCalls(nn.Module):
@@ -259,7 +409,7 @@ def test_a_symbolic_trace_recomputes_methods_and_modules_from_the_kept_values() 
 
 
 class TwoConvs(nn.Module):
-    """conv -> relu -> conv -> sum."""
+    """conv -> relu -> max-pool -> conv -> sum."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -267,16 +417,20 @@ class TwoConvs(nn.Module):
         self.c2 = nn.Conv2d(8, 4, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c2(torch.relu(self.c1(x))).sum()
+        return self.c2(F.max_pool2d(torch.relu(self.c1(x)), 2)).sum()
 
 
 def test_a_recomputation_runs_under_the_forwards_autocast_state() -> None:
     # the forward runs under CPU autocast (bf16 convolutions), the backward outside it: the
-    # rebuilt relu that the second conv saves must be bf16, as the forward computed it
+    # rebuilt pool that the second conv saves must be bf16, as the forward computed it, and
+    # the pool's backward takes the rebuilt indices
     torch.manual_seed(0)
     model, args = TwoConvs(), (torch.randn(2, 3, 16, 16),)
     traced = trace_model(model, args, {})
-    schedule = Schedule(staged=staged_schedule(traced.graph, {"conv2d_1": ["conv2d", "relu"]}))
+    stages = {"conv2d_1": ["conv2d", "relu", "max_pool2d"]}
+    schedule = Schedule(staged=staged_schedule(traced.graph, stages))
+    plan = staged_plan(traced.graph, schedule)
+    assert plan.handles[("max_pool2d", "max_pool2d:buf0")] == ("max_pool2d:buf0", 2)
     module = rewrite_module(traced.captured.fresh_module(), traced.graph, schedule)
     grads = []
     for runner in (model, module):
@@ -301,6 +455,23 @@ def test_a_forward_without_backward_leaves_nothing_alive(models) -> None:
             out = module(*args)
             assert tracker.live_bytes > 0
             del out
+            assert tracker.live_bytes == 0
+    finally:
+        gc.enable()
+
+
+def test_a_step_recomputing_buffers_leaves_nothing_alive(models) -> None:
+    # the tensors a recomputation captures hold, through their graph, the hook that holds
+    # the list they are in: a cycle through C++ that the garbage collector cannot see
+    model, args, traced, _ = models["norm_mlp"]
+    schedule = Schedule(staged=staged_schedule(traced.graph, NAMED["cross_entropy_chain"][1]))
+    module = rewrite_module(traced.captured.fresh_module(), traced.graph, schedule)
+    gc.disable()
+    try:
+        with StorageTracker() as tracker:
+            module(*args).backward()
+            for t in [*model.parameters(), args[0]]:
+                t.grad = None
             assert tracker.live_bytes == 0
     finally:
         gc.enable()

@@ -16,9 +16,15 @@ by a ``with``, so an error in the forward leaves none behind):
 * the pack hook saves a tensor (detached: autograd rebuilds the saved variable on unpack)
   where its saver's backward takes the forward instance, else a handle on the recomputed
   instance with the tensor's geometry (a view is rebuilt as that view); tensors an op
-  saves while it runs are matched once it has returned (its outputs are packed before);
+  saves while it runs are matched once it has returned (its outputs are packed before),
+  its own buffers by the tracer's rule (the ``k``-th storage it packs that is neither an
+  input nor an output is ``<op>:buf<k>``), their bytes checked against the graph's;
 * a pre-hook on a stage op's autograd node (the ``grad_fn`` of its output) runs the
-  stage's recomputations in order, under ``no_grad`` and the forward's autocast state;
+  stage's recomputations in order, under the forward's autocast state: under ``no_grad``,
+  or, for an op that saves buffers of its own (a max-pool's indices, a layer norm's
+  statistics), with autograd recording (its inputs requiring gradients as in the forward)
+  under a hook that captures what it saves, whose buffers become the recomputed instances
+  and whose graph is dropped at once;
   a post-hook on a saver's node ends its use of the instances it unpacked (after the node
   has reduced its gradients, as the op sequence frees them). An instance is dropped after
   its last use, and at once where no use holds it.

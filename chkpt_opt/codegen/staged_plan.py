@@ -4,10 +4,13 @@ use takes, by the rule of :func:`chkpt_opt.staged.sequence.lower_staged` (the la
 instance computed before the use).
 
 An instance is ``(storage, j)``: made by recomputation step ``j`` (the steps of all stages,
-in the order they run), or ``j = -1`` for the forward's. The uses the executor serves are a
-recomputation step reading a storage (:func:`~chkpt_opt.staged.sequence.stage_reads`) and a
-backward op unpacking a storage it saved; forward readers, savers whose use takes the
-forward instance and the step's outputs hold the forward's tensors as eager PyTorch does.
+in the order they run), or ``j = -1`` for the forward's. A recomputation makes the storages
+its op returns and the buffers the op saves for its own backward without returning them
+(``<op>:buf<k>``: a max-pool's indices, a layer norm's statistics), which its backward then
+unpacks like any other instance. The uses the executor serves are a recomputation step
+reading a storage (:func:`~chkpt_opt.staged.sequence.stage_reads`) and a backward op
+unpacking a storage it saved; forward readers, savers whose use takes the forward instance
+and the step's outputs hold the forward's tensors as eager PyTorch does.
 
 Example:
     >>> from chkpt_opt.graphs.synthetic import chain_graph
@@ -19,6 +22,8 @@ Example:
     (('n0', 'n1'), {'n2': (0, 1)}, {'n0': ('n0', 0)})
     >>> sorted(plan.handles.items())  # each backward unpacks what the stage recomputed
     [(('n1', 'n0'), ('n0', 0)), (('n2', 'n1'), ('n1', 1))]
+    >>> plan.buffers  # no op saves a buffer of its own here
+    {}
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph, storage_owners
 from chkpt_opt.schedule import Schedule
+from chkpt_opt.staged.rule import recomputed_storages
 from chkpt_opt.staged.sequence import stage_reads
 from chkpt_opt.unpack.rule import rebuilt_storages
 
@@ -52,6 +58,9 @@ class StagedPlan:
             order of its outputs.
         backward: the ops that run a backward.
         recomputed: the ops some stage recomputes.
+        buffers: each recomputed op that saves buffers of its own -> those buffers
+            (``<op>:buf<k>``, in the order of ``k``) with their bytes; the op is recomputed
+            with autograd recording to capture them.
     """
 
     steps: tuple[str, ...]
@@ -62,28 +71,49 @@ class StagedPlan:
     outputs: dict[str, tuple[str, ...]]
     backward: frozenset[str]
     recomputed: frozenset[str]
+    buffers: dict[str, tuple[tuple[str, int], ...]]
+
+
+def own_buffers(graph: CostGraph, op: str) -> tuple[tuple[str, int], ...]:
+    """The buffers ``op`` saves for its own backward without returning them, with their
+    bytes: ``<op>:buf<k>`` for ``k = 0, 1, ...``, in the order it packs them (the tracer's
+    names).
+
+    Raises:
+        ScheduleError: a storage ``op`` owns and some op saves that it neither returns nor
+            saves under the tracer's name for a buffer of its own, which a recomputation of
+            ``op`` cannot re-create.
+    """
+    nodes = graph.nodes
+    outputs = set(nodes[op]["outputs"])
+    own = recomputed_storages(graph)[op] - outputs
+    named = [f"{op}:buf{k}" for k in range(len(own))]
+    # a buffer another op saves too could not be handed to that op (it is no output)
+    hidden = sorted((rebuilt_storages(graph)[op] - outputs) | (own - set(named)))
+    if hidden:
+        raise ScheduleError(
+            f"staged schedule: op {short(op)} owns storages {hidden[:3]} that some op saves "
+            f"but that {short(op)} neither returns nor saves as a buffer of its own "
+            f"({short(op)}:buf<k>), so its recomputation cannot re-create them; drop "
+            f"{short(op)} from the stages."
+        )
+    return tuple((sid, int(nodes[op]["saved"][sid])) for sid in named)
 
 
 def staged_plan(graph: CostGraph, schedule: Schedule) -> StagedPlan:
     """The plan of ``schedule``, a checked staged schedule of ``graph``.
 
     Raises:
-        ScheduleError: a recomputed op that would have to rebuild a storage it does not
-            return (a buffer another op saves), which a call of the op cannot give back.
+        ScheduleError: a recomputed op that would have to re-create a storage it neither
+            returns nor saves as a buffer of its own (:func:`own_buffers`).
     """
     nodes = graph.nodes
     steps = tuple(r for _, ops in schedule.staged for r in ops)
     stage_of = [b for b, ops in schedule.staged for _ in ops]
+    buffers = {r: found for r in dict.fromkeys(steps) if (found := own_buffers(graph, r))}
     made: dict[str, list[int]] = {}
     for j, r in enumerate(steps):
-        hidden = sorted(rebuilt_storages(graph)[r] - set(nodes[r]["outputs"]))
-        if hidden:
-            raise ScheduleError(
-                f"staged schedule: op {short(r)} owns storages {hidden[:3]} that other ops "
-                "save but that it does not return, so its recomputation cannot rebuild "
-                f"them; drop {short(r)} from the stage of {short(stage_of[j])}."
-            )
-        for sid in nodes[r]["outputs"]:
+        for sid in [*nodes[r]["outputs"], *(sid for sid, _ in buffers.get(r, ()))]:
             made.setdefault(sid, []).append(j)
 
     def latest(sid: str, before: int) -> Key:
@@ -114,4 +144,5 @@ def staged_plan(graph: CostGraph, schedule: Schedule) -> StagedPlan:
         outputs={n: tuple(s for s, size in nodes[n]["outputs"].items() if size) for n in followed},
         backward=backward,
         recomputed=frozenset(steps),
+        buffers=buffers,
     )

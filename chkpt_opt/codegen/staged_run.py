@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from chkpt_opt.codegen.staged_plan import Key, StagedPlan
 from chkpt_opt.errors import ScheduleError, short
@@ -68,12 +69,16 @@ class _Ref:
 
 class _Recipe:
     """The forward call of an op that a stage recomputes; ``versions`` are the version
-    counters of the tensors it keeps (detached), as they were."""
+    counters of the tensors it keeps (detached), as they were; ``grads`` says which leaves
+    of its arguments required gradients in the forward."""
 
-    __slots__ = ("args", "autocast", "fn", "kwargs", "versions")
+    __slots__ = ("args", "autocast", "fn", "grads", "kwargs", "versions")
 
-    def __init__(self, fn: Any, args: Any, kwargs: Any, versions: list[Any]) -> None:
+    def __init__(
+        self, fn: Any, args: Any, kwargs: Any, versions: list[Any], grads: tuple[bool, ...]
+    ) -> None:
         self.fn, self.args, self.kwargs, self.versions = fn, args, kwargs, versions
+        self.grads = grads
         devices = {t.device.type for t in _leaves((args, kwargs))} | {"cpu"}
         self.autocast = [
             (d, torch.get_autocast_dtype(d), torch.is_autocast_enabled(d))
@@ -164,7 +169,11 @@ class StagedRun:
                 versions.append((value.detach(), value._version))
                 return versions[-1][0]
 
-            self.recipes[name] = _Recipe(fn, *tree_map(kept, (args, kwargs)), versions)
+            grads = tuple(
+                isinstance(x, torch.Tensor) and x.requires_grad
+                for x in tree_flatten((args, kwargs))[0]
+            )
+            self.recipes[name] = _Recipe(fn, *tree_map(kept, (args, kwargs)), versions, grads)
         outer = (self.current, self.pending)
         self.current, self.pending = name, []
         try:
@@ -178,9 +187,52 @@ class StagedRun:
             key = None if sid is None else self.plan.handles.get((name, sid))
             if key is not None:
                 self._bind(handle, key)
+        if name in self.plan.buffers:
+            self._bind_buffers(name, mine, (args, kwargs), out)
         if name in self.plan.backward:
             self._hook(name, out)
         return out
+
+    def _bind_buffers(self, name: str, mine: list[_Handle], inputs: Any, out: Any) -> None:
+        """Binds the forward's packs of op ``name``'s own buffers whose use takes a
+        recomputed instance (the forward's buffer then dies with the op's call)."""
+        packs = [h.tensor for h in mine if h.key is None and h.tensor is not None]
+        found = self._own_buffers(name, packs, inputs, out, "in the forward")
+        by_storage = {t.untyped_storage().data_ptr(): sid for t, sid in found}
+        for handle in mine:
+            storage = None if handle.tensor is None else _storage(handle.tensor)
+            sid = None if storage is None else by_storage.get(storage.data_ptr())
+            key = None if sid is None else self.plan.handles.get((name, sid))
+            if key is not None:
+                self._bind(handle, key)
+
+    def _own_buffers(
+        self, name: str, packs: list[torch.Tensor], inputs: Any, out: Any, when: str
+    ) -> list[tuple[torch.Tensor, str]]:
+        """The buffers among op ``name``'s ``packs`` (in pack order, each storage once, those
+        that are neither an input nor an output: the tracer's rule), named as the graph
+        names them.
+
+        Raises:
+            ScheduleError: their number or bytes differ from the graph's.
+        """
+        known = {s.data_ptr() for t in _leaves((inputs, out)) if (s := _storage(t)) is not None}
+        found: dict[int, torch.Tensor] = {}
+        for t in packs:
+            storage = _storage(t)
+            if storage is not None and storage.data_ptr() not in known:
+                found.setdefault(storage.data_ptr(), t)
+        expected = self.plan.buffers[name]
+        sizes = [t.untyped_storage().nbytes() for t in found.values()]
+        if sizes != [nbytes for _, nbytes in expected]:
+            raise ScheduleError(
+                f"staged schedule: op {short(name)} saved buffers of its own of {sizes} bytes "
+                f"{when} where its trace saw {[nbytes for _, nbytes in expected]}, so a "
+                "recomputation cannot give its backward the buffers the schedule was made "
+                f"for; trace the model again with these inputs, or drop {short(name)} from "
+                "the stages."
+            )
+        return [(t, sid) for t, (sid, _) in zip(found.values(), expected)]
 
     def _register(self, name: str, out: Any, inputs: Any, step: int) -> None:
         """Names the storages op ``name`` returned (at recomputation ``step``, or -1 in the
@@ -272,15 +324,45 @@ class StagedRun:
             return _as(self._held(reads[x.sid], f"an input of {short(name)}"), x.geometry)
 
         args, kwargs = tree_map(value, (recipe.args, recipe.kwargs))
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            for device, dtype, enabled in recipe.autocast:
-                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
-            out = recipe.fn(*args, **kwargs)
+        if name in self.plan.buffers:
+            out = self._recording(j, recipe, args, kwargs)
+        else:
+            with _replaying(recipe, grad=False):
+                out = recipe.fn(*args, **kwargs)
         self._register(name, out, (args, kwargs), j)
         del args, kwargs, out
         for key in reads.values():
             self._release(key)
+
+    def _recording(self, j: int, recipe: _Recipe, args: Any, kwargs: Any) -> Any:
+        """Recomputation step ``j`` of an op that saves buffers of its own: runs it with
+        autograd recording (its inputs requiring gradients as in the forward) under a hook
+        that captures what it saves, keeps the buffers later uses take, and returns its
+        outputs detached (the temporary autograd graph dies with the call)."""
+        leaves, spec = tree_flatten((args, kwargs))
+        args, kwargs = tree_unflatten(
+            [
+                x.detach().requires_grad_() if grad else x
+                for x, grad in zip(leaves, recipe.grads, strict=True)
+            ],
+            spec,
+        )
+        packs: list[torch.Tensor] = []
+        try:
+            hooks = torch.autograd.graph.saved_tensors_hooks(packs.append, _unused)
+            with _replaying(recipe, grad=True), hooks:  # the graph holds nothing it saves
+                out = recipe.fn(*args, **kwargs)
+            out = tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
+            name = self.plan.steps[j]
+            found = self._own_buffers(name, packs, (args, kwargs), out, "at a recomputation")
+        finally:
+            # the captured tensors' graph holds the hook, and so the list: a cycle through
+            # C++ that the garbage collector cannot see
+            packs.clear()
+        for t, sid in found:
+            if self.left[(sid, j)] > 0:
+                self.store[(sid, j)] = t.detach()
+        return out
 
     def unpacked(self, saver: str, key: Key) -> torch.Tensor:
         """A handle of ``saver`` on ``key`` is unpacked; the saver's use ends with its last
@@ -314,6 +396,22 @@ class StagedRun:
         self.left[key] -= 1
         if self.left[key] <= 0:
             self.store.pop(key, None)
+
+
+@contextlib.contextmanager
+def _replaying(recipe: _Recipe, grad: bool) -> Iterator[None]:
+    """The forward's autocast state, with autograd recording (``grad``) or without."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
+        for device, dtype, enabled in recipe.autocast:
+            stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+        yield
+
+
+def _unused(_packed: None) -> NoReturn:
+    """The unpack hook of a recomputation's graph, which no backward runs (it is dropped
+    once the recomputation has captured its buffers)."""
+    raise AssertionError("the autograd graph of a staged recomputation ran a backward")
 
 
 def unpack_staged(packed: Any) -> Any:
