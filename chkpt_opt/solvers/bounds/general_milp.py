@@ -338,7 +338,9 @@ def general_bound(
         solver.SetSolverSpecificParametersAsString(
             "parallel/maxnthreads = 1\nrandomization/randomseedshift = 0\n"
         )
-    code = solver.Solve()
+    params = pywraplp.MPSolverParameters()  # OR-Tools stops at a 1e-4 relative gap else
+    params.SetDoubleParam(params.RELATIVE_MIP_GAP, 0.0)
+    code = solver.Solve(params)
     if code == pywraplp.Solver.INFEASIBLE:
         return result("infeasible")
     if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
