@@ -26,7 +26,11 @@ modified, and the new module shares its Parameter and buffer objects.
 The package is split by responsibility: :mod:`~chkpt_opt.codegen.runtime` runs inside the
 training step (recompute flag, state guards, :class:`CheckpointRegion`, generator replay),
 :mod:`~chkpt_opt.codegen.state` analyses the module state a region reads or writes, and
-:mod:`~chkpt_opt.codegen.rewrite` outlines the regions (:func:`rewrite_module`).
+:mod:`~chkpt_opt.codegen.rewrite` outlines the regions (:func:`rewrite_module`). Unpacked
+ops run under the saved-tensor hooks of :mod:`~chkpt_opt.codegen.unpack`; a staged schedule
+(no regions) runs through the executor of :mod:`~chkpt_opt.codegen.staged`
+(:mod:`~chkpt_opt.codegen.staged_plan`: which value every use takes;
+:mod:`~chkpt_opt.codegen.staged_run`: the hooks of one step).
 """
 
 from chkpt_opt.codegen.rewrite import rewrite_module
