@@ -13,7 +13,9 @@ A schedule with nested regions or cached ops is written as version 2, with
 ``"schedule": {"kind": "regions", "regions": [...], "nested": [...], "saved": [...]}``
 (``schemas/schedule-v2.schema.json``). A schedule with unpacked ops (recompute on unpack)
 is written as version 3, its schedule with ``"unpacked": [...]`` beside those
-(``schemas/schedule-v3.schema.json``).
+(``schemas/schedule-v3.schema.json``). A staged schedule is written as version 4:
+``"schedule": {"kind": "staged", "recompute": [[backward op, [forward ops]], ...]}``
+(``schemas/schedule-v4.schema.json``).
 """
 
 from __future__ import annotations
@@ -34,11 +36,15 @@ SCHEDULE_VERSION = 2
 keep-set schedule is written as version 1, which every reader of version 1 reads."""
 UNPACKED_VERSION = 3
 """The version written for schedules with unpacked ops (what readers of version 2 lack)."""
-READ_VERSIONS = (1, 2, 3)
+STAGED_VERSION = 4
+"""The version written for staged schedules (what readers of version 3 lack)."""
+READ_VERSIONS = (1, 2, 3, 4)
 
 
 def file_version(schedule: Schedule) -> int:
     """The oldest file version that can hold ``schedule``."""
+    if schedule.staged:
+        return STAGED_VERSION
     if schedule.unpacked:
         return UNPACKED_VERSION
     return 1 if schedule.is_keep_set() else SCHEDULE_VERSION
@@ -117,7 +123,7 @@ def load_schedule(path: str | Path) -> ScheduleFile:
     if version < file_version(schedule):
         raise ScheduleError(
             f"{where} says format_version {version} but holds "
-            f"{'unpacked ops' if schedule.unpacked else 'nested regions or cached ops'}, "
+            f"{_what_needs(schedule)}, "
             f"which version {version} cannot express; write it as version "
             f"{file_version(schedule)}."
         )
@@ -125,6 +131,13 @@ def load_schedule(path: str | Path) -> ScheduleFile:
         k: v for k, v in data.items() if k not in ("format", "format_version", "graph", "schedule")
     }
     return ScheduleFile(schedule, str(graph.get("name", "")), graph["fingerprint"], meta)
+
+
+def _what_needs(schedule: Schedule) -> str:
+    """What in ``schedule`` needs its file version, in words."""
+    if schedule.staged:
+        return "a staged schedule"
+    return "unpacked ops" if schedule.unpacked else "nested regions or cached ops"
 
 
 _INT_FIELDS = {
@@ -138,7 +151,7 @@ _STATUSES = ("optimal", "feasible", "infeasible", "timed_out")
 
 
 def _check_fields(data: dict[str, Any], where: str) -> None:
-    """Checks the recorded fields as ``schemas/schedule-v3.schema.json`` does."""
+    """Checks the recorded fields as ``schemas/schedule-v4.schema.json`` does."""
 
     def fail(field: str, expected: str) -> ScheduleError:
         return ScheduleError(

@@ -6,12 +6,14 @@ to the original model's."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 
 import chkpt_opt
 from chkpt_opt import zoo
+from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.tracer.storage import StorageTracker
 from chkpt_opt.measurement.step import measure_step
 from chkpt_opt.schedule import Schedule
@@ -37,7 +39,9 @@ def _measured(model: torch.nn.Module, args: tuple, module: torch.nn.Module) -> t
 
 
 @pytest.mark.parametrize("share", [0.8, 0.65])
-def test_a_staged_plan_of_a_vgg_with_max_pools_runs_as_predicted(share: float) -> None:
+def test_a_staged_plan_of_a_vgg_with_max_pools_runs_as_predicted(
+    share: float, tmp_path: Path
+) -> None:
     # 31 ops, two max-pools whose indices a stage may recompute with them
     model, args, _ = zoo.vgg(widths=(16, 32, 64, 128), convs_per_stage=3, image=64, batch=8)
     graph = chkpt_opt.trace(model, args)
@@ -53,6 +57,13 @@ def test_a_staged_plan_of_a_vgg_with_max_pools_runs_as_predicted(share: float) -
     measured, equal = _measured(model, args, plan.apply())
     assert equal
     assert measured == plan.profile.peak_bytes <= budget
+    if share == 0.8:  # a production trainer's path: the file, applied without solving
+        path = tmp_path / "staged.json"
+        plan.save(path)
+        from_file = chkpt_opt.apply(model, path, args)
+        assert _measured(model, args, from_file) == (measured, True)
+        with pytest.raises(ScheduleError, match="eagerly"):
+            chkpt_opt.apply(model, path, args, for_compile=True)
 
 
 def test_auto_proves_the_nested_optimum_over_every_schedule_with_the_staged_bound() -> None:

@@ -3,7 +3,10 @@ and schedules of regions, cached and unpacked ops as staged ones."""
 
 from __future__ import annotations
 
+import json
 import random
+from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,7 @@ from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule, cache_candidates, check_schedule
+from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.staged import recomputable_ops, staged_schedule
 from chkpt_opt.staged.rule import recomputed_storages
@@ -114,7 +118,7 @@ def test_what_cannot_be_staged_is_refused_with_the_fix() -> None:
         check_schedule(g, Schedule(regions=(("n1",),), staged=(("n3", ("n1",)),)))
 
 
-def test_a_staged_schedule_round_trips_through_its_file_form() -> None:
+def test_a_staged_schedule_round_trips_through_its_file_form(tmp_path: Path) -> None:
     g = _two_savers()
     s = _staged(g, {"d": ["b"], "c": ["a", "b"]})
     data = s.to_dict()
@@ -124,6 +128,21 @@ def test_a_staged_schedule_round_trips_through_its_file_form() -> None:
     for bad in ({"kind": "staged"}, {"kind": "staged", "recompute": [["d", []]]}):
         with pytest.raises(ScheduleError, match="recompute"):
             Schedule.from_dict(bad)
+    path = tmp_path / "staged.json"
+    save_schedule(path, g, s)
+    written = json.loads(path.read_text())
+    assert written["format_version"] == 4 and load_schedule(path).schedule == s
+    path.write_text(json.dumps(dict(written, format_version=3)))
+    with pytest.raises(ScheduleError, match=r"version 3 but holds a staged schedule.*version 4"):
+        load_schedule(path)
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(
+        resources.files("chkpt_opt").joinpath("schemas/schedule-v4.schema.json").read_text()
+    )
+    jsonschema.validate(written, schema)
+    bad_stage = dict(written["schedule"], recompute=[["d", []]])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(dict(written, schedule=bad_stage), schema)
 
 
 def test_a_buffer_an_op_saves_for_itself_is_recomputed_with_it() -> None:
