@@ -507,19 +507,24 @@ def test_a_second_backward_over_one_forward_is_refused(models) -> None:
 
 
 def test_a_stage_without_an_autograd_node_of_its_own_is_refused(models) -> None:
-    _, args, traced, _ = models["mlp"]
+    _, _, traced, _ = models["mlp"]
     graph = traced.graph
     # broadcast_tensors (before the MSE loss) returns the head's output as it is
     assert graph.nodes["broadcast_tensors"]["has_backward"]
     schedule = Schedule(staged=staged_schedule(graph, {"broadcast_tensors": ["relu_2"]}))
-    module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
+    # the check refuses it before codegen (it makes no storage of its own) ...
+    with pytest.raises(ScheduleError, match="'broadcast_tensors' makes no storage of its own"):
+        rewrite_module(traced.captured.fresh_module(), graph, schedule)
+    # ... and the executor would too, where a graph and the run disagreed
+    run = staged_runtime.StagedRun(staged_plan(graph, schedule))
+    head = torch.zeros(2, requires_grad=True) * 2
+    run._hook("linear_3", head)
     with pytest.raises(
         ScheduleError,
         match=r"'broadcast_tensors' returns a tensor of op 'linear_3'.*move the stage",
     ):
-        module(*args)
+        run._hook("broadcast_tensors", head)
     # an output with no node at all
-    run = staged_runtime.StagedRun(staged_plan(graph, schedule))
     with pytest.raises(
         ScheduleError, match="autograd node of op 'broadcast_tensors' cannot be found"
     ):

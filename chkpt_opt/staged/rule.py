@@ -43,6 +43,14 @@ def recomputed_storages(graph: CostGraph) -> dict[str, frozenset[str]]:
     }
 
 
+def stage_ops(graph: CostGraph) -> frozenset[str]:
+    """The ops a stage may be at: those with a backward that make a storage of their own.
+    Their output's autograd node is their own; an op that returns a tensor of an earlier op
+    (``getitem`` of a tuple, a ``to`` that changes nothing) runs its backward in that op's
+    node, where the executor could not tell its stage apart."""
+    return frozenset(n for n, a in graph.nodes(data=True) if a["has_backward"] and a["outputs"])
+
+
 def recomputable_ops(graph: CostGraph) -> frozenset[str]:
     """The ops a staged schedule may recompute (see the module docstring)."""
     return unpackable_ops(graph)
@@ -68,6 +76,7 @@ def check_staged(graph: CostGraph, staged: Staged) -> None:
         ScheduleError: naming the stage or op, the problem and the fix.
     """
     allowed = recomputable_ops(graph)
+    stages = stage_ops(graph)
     last = None
     for b, ops in staged:
         if b not in graph:
@@ -79,6 +88,12 @@ def check_staged(graph: CostGraph, staged: Staged) -> None:
             raise ScheduleError(
                 f"staged schedule: op {short(b)} runs no backward, so nothing can be "
                 "recomputed before it; move its ops to the stage of an op that does."
+            )
+        if b not in stages:
+            raise ScheduleError(
+                f"staged schedule: op {short(b)} makes no storage of its own, so it has no "
+                "autograd node of its own to recompute before; move its ops to the stage "
+                "of the op whose backward runs just before it."
             )
         position = graph.nodes[b]["index"]
         if last is not None and position >= last:

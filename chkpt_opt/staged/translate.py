@@ -22,23 +22,29 @@ from __future__ import annotations
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
-from chkpt_opt.staged.rule import recomputable_ops, staged_schedule
+from chkpt_opt.staged.rule import recomputable_ops, stage_ops, staged_schedule
 
 
 def as_staged(graph: CostGraph, schedule: Schedule) -> Schedule:
     """The staged schedule recomputing what ``schedule``'s op sequence recomputes, stage by
     stage (ops a staged schedule cannot recompute, :func:`recomputable_ops`, left out: where
-    one is, the result keeps it instead and may need more memory)."""
+    one is, the result keeps it instead and may need more memory; what runs before the
+    backward of an op that is no stage, :func:`stage_ops`, runs at the stage before it)."""
     if schedule.staged:
         return schedule
     allowed = recomputable_ops(graph)
+    hosts = stage_ops(graph)
     stages: dict[str, list[str]] = {}
     waiting: list[str] = []
+    last = ""  # the stage op whose backward ran last: recomputing earlier is still in time
     for step in lower(graph, schedule):
         if step.kind == "recompute":
             waiting.append(step.node)
         elif step.kind == "bwd":
-            if waiting:
-                stages[step.node] = [n for n in waiting if n in allowed]
+            host = step.node if step.node in hosts else last
+            if waiting and host:
+                stages.setdefault(host, []).extend(n for n in waiting if n in allowed)
             waiting = []
+            if step.node in hosts:
+                last = step.node
     return Schedule(staged=staged_schedule(graph, stages))

@@ -25,7 +25,7 @@ from chkpt_opt.schedule import Schedule, cache_candidates, check_schedule
 from chkpt_opt.schedule_io import load_schedule, save_schedule
 from chkpt_opt.simulate import simulate
 from chkpt_opt.staged import recomputable_ops, staged_schedule
-from chkpt_opt.staged.rule import recomputed_storages
+from chkpt_opt.staged.rule import recomputed_storages, stage_ops
 from chkpt_opt.staged.translate import as_staged
 from chkpt_opt.unpack import rebuilt_storages, unpack_candidates, unpack_problem
 from chkpt_opt.unpack.rule import reads_a_later_write
@@ -225,3 +225,46 @@ def test_an_op_whose_input_a_later_op_writes_in_place_is_neither_staged_nor_unpa
     assert "later op writes in place" in unpack_problem(g, "b")
     with pytest.raises(ScheduleError, match="cannot be recomputed"):
         check_schedule(g, Schedule(staged=(("d", ("b",)),)))
+
+
+def test_stages_sit_at_ops_with_an_autograd_node_of_their_own() -> None:
+    # gpt_small has views and getitems: their backward runs in another op's node, so a
+    # stage there is refused.
+    g = load_graph("graphs/gpt_small.json")
+    hosts = stage_ops(g)
+    getitem = next(n for n, a in g.nodes(data=True) if a["op"] == "getitem" and a["has_backward"])
+    assert getitem not in hosts
+    op = sorted(recomputable_ops(g), key=lambda n: g.nodes[n]["index"])[0]
+    with pytest.raises(ScheduleError, match="no autograd node of its own"):
+        check_schedule(g, Schedule(staged=((getitem, (op,)),)))
+    rng = random.Random(0)
+    for _ in range(40):  # a region's replay runs before a backward op that unpacks: a host
+        staged = as_staged(g, random_general_schedule(g, rng, depth=1))
+        check_schedule(g, staged)
+        assert {b for b, _ in staged.staged} <= hosts
+
+
+def test_recomputations_before_a_view_run_at_the_stage_before() -> None:
+    # a -> b -> c -> v (a view of c that saves b) -> d: a region over b, c and v is replayed
+    # before v's backward, which unpacks b; v has no autograd node of its own, so as a
+    # staged schedule b and c are recomputed at d's stage, the backward before v's.
+    g = new_graph("view_saver")
+    specs = [
+        ("a", [], {"outputs": {"a": 100}}),
+        ("b", ["a"], {"outputs": {"b": 100}, "saved": {"a": 100}}),
+        ("c", ["b"], {"outputs": {"c": 100}, "saved": {"b": 100}}),
+        ("v", ["c"], {"outputs": {}, "aliases": ["c"], "saved": {"b": 100}}),
+        ("d", ["v"], {"outputs": {"d": 10}, "saved": {"c": 100}}),
+    ]
+    for i, (op, preds, attrs) in enumerate(specs):
+        g.add_node(op, **node_attrs(index=i, op="op", grad_bytes=100, fwd_time_s=1.0, **attrs))
+        for p in preds:
+            g.add_edge(p, op)
+    g.graph["outputs"] = ["d"]
+    check_graph(g)
+    assert "v" not in stage_ops(g)
+    region = Schedule(regions=(("b", "c", "v"),))
+    staged = as_staged(g, region)
+    assert staged.staged == (("d", ("b", "c")),)
+    check_schedule(g, staged)
+    assert simulate(g, staged).recompute_s == simulate(g, region).recompute_s

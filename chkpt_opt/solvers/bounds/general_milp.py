@@ -68,6 +68,7 @@ from chkpt_opt.graphs.costgraph import (
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.staged import recomputable_ops
+from chkpt_opt.staged.rule import stage_ops
 
 BACKENDS = {"scip": "SCIP", "highs": "HIGHS"}
 """MILP backends bundled with OR-Tools. SCIP reports a proven bound when it stops at its
@@ -197,7 +198,8 @@ def general_bound(
             PyTorch executes here recomputes nothing in the forward pass, so the program
             without stays a bound over all of them.
         staged_rules: the rules of staged schedules (:mod:`chkpt_opt.staged`): a backward
-            stage recomputes only :func:`~chkpt_opt.staged.recomputable_ops` (a staged
+            stage (at :func:`~chkpt_opt.staged.rule.stage_ops` only) recomputes only
+            :func:`~chkpt_opt.staged.recomputable_ops` (a staged
             recomputation re-creates every storage of the op that some op saves, as the
             program's own recomputations do).
             The optimum is then a bound over staged schedules only.
@@ -237,10 +239,12 @@ def general_bound(
     # A[t][s]: s is alive through all of stage t without a recomputation of its owner there.
     a: list[dict[str, pywraplp.Variable]] = []
     recomputable = recomputable_ops(graph) if staged_rules else frozenset(d.order)
+    hosts = stage_ops(graph) if staged_rules else frozenset(d.order)
     for t, stage in enumerate(d.stages):
         op = stage.forward_op
         if op is None:
-            reach = [i for i in d.order if i in recomputable]
+            hosted = stage.name[len("bwd:") :] in hosts
+            reach = [i for i in d.order if i in recomputable] if hosted else []
         else:
             reach = d.order[: position[op] + 1] if forward_recompute else [op]
         r.append({i: solver.BoolVar(f"R[{t},{i}]") for i in reach})

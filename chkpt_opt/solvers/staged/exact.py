@@ -14,7 +14,8 @@ everything it owns) holds every schedule of regions, nested regions, cached and 
 ops and every staged schedule; its bound at the budget is the result's ``bound``, a bound
 over all of them (also in ``stats["every_schedule_bound_s"]``, kept where the result does
 not fit). Where the graph has no op the rules hold back (an op that owns storages and may
-not be recomputed: dropout, a state update), the two programs are the same and one solve
+not be recomputed: dropout, a state update; no backward step of an op that makes no storage
+of its own, where no stage may be: a view's), the two programs are the same and one solve
 gives both. ``optimal`` means the schedule's recompute
 time meets that bound: optimal over every schedule PyTorch executes here.
 
@@ -47,6 +48,7 @@ from chkpt_opt.solvers.bounds.general_milp import GeneralBound, general_bound
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.staged import recomputable_ops, staged_schedule
+from chkpt_opt.staged.rule import stage_ops
 from chkpt_opt.staged.translate import as_staged
 
 DEFAULT_MAX_OPS = 120
@@ -55,13 +57,16 @@ MAX_ROUNDS = 8
 
 
 def rules_matter(graph: CostGraph) -> bool:
-    """Whether the staged rules hold some op back: an op that owns storages and may not be
-    recomputed (random, stateful, in place, or reading what a later op writes in place)."""
+    """Whether the staged rules hold something back: an op that owns storages and may not be
+    recomputed (random, stateful, in place, or reading what a later op writes in place), or
+    a backward step that may host no stage (a view's, a ``getitem``'s)."""
     allowed = recomputable_ops(graph)
+    hosts = stage_ops(graph)
     outputs = set(graph.graph["outputs"])  # held to the end: never worth recomputing
     return any(
-        graph.nodes[n]["outputs"] and n not in allowed and n not in outputs
-        for n in ordered_nodes(graph)
+        (a["outputs"] and n not in allowed and n not in outputs)
+        or (a["has_backward"] and n not in hosts)
+        for n, a in ((n, graph.nodes[n]) for n in ordered_nodes(graph))
     )
 
 
