@@ -64,6 +64,8 @@ def test_a_staged_plan_of_a_vgg_with_max_pools_runs_as_predicted(
         assert _measured(model, args, from_file) == (measured, True)
         with pytest.raises(ScheduleError, match="eagerly"):
             chkpt_opt.apply(model, path, args, for_compile=True)
+        compiled = plan.for_compile(time_limit_s=10)  # one level of regions at the budget
+        assert not compiled.schedule.staged and compiled.profile.peak_bytes <= budget
 
 
 def test_auto_proves_the_nested_optimum_over_every_schedule_with_the_staged_bound() -> None:

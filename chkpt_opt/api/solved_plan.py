@@ -95,9 +95,9 @@ class Plan:
     def for_compile(self, *, time_limit_s: float | None = None) -> Plan:
         """The plan that the compiled step runs: this plan when its regions do not nest
         (keep-set regions, cached ops inside them or not); for a schedule with nested
-        regions or unpacked ops, the best plan without them at the same budget (solved
-        once, by ``auto`` with ``nesting=False``: keep-set regions and cached ops; where
-        that unpacks ops, the cached-op search from it with them kept instead).
+        regions or unpacked ops, or a staged one, the best plan without them at the same
+        budget (solved once, by ``auto`` with ``nesting=False``: keep-set regions and cached
+        ops; where that unpacks ops, the cached-op search from it with them kept instead).
 
         The compile path hands regions to the partitioner of ``torch.compile``
         (:mod:`chkpt_opt.export.partitioner`), which saves the outputs of the ops a region
@@ -112,7 +112,7 @@ class Plan:
                 reaches it only with nested regions); the message states the smallest
                 budget a compiled plan needs.
         """
-        if not self.schedule.nested and not self.schedule.unpacked:
+        if not self.schedule.nested and not self.schedule.unpacked and not self.schedule.staged:
             return self
         if self._compiled is None:
             result = get_solver("auto", nesting=False)(
