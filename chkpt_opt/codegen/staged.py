@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import operator
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.fx
 
+from chkpt_opt.codegen.outline import HookedBody, outline_forward
 from chkpt_opt.codegen.staged_plan import StagedPlan, staged_plan
 from chkpt_opt.codegen.staged_run import StagedRun, unpack_staged
 from chkpt_opt.codegen.wrapped_call import wrapped_call
@@ -93,25 +93,16 @@ class _Method:
         return getattr(tensor, self.name)(*args, **kwargs)
 
 
-class StagedScope(torch.nn.Module):
+class StagedScope(HookedBody):
     """Runs the forward under a staged schedule's executor (with gradients enabled, not
     while compiling). The body is held outside the module tree."""
 
     def __init__(self, body: torch.fx.GraphModule, plan: StagedPlan) -> None:
-        super().__init__()
-        object.__setattr__(self, "_body", body)
+        super().__init__(body)
         self.plan = plan
 
-    @property
-    def body(self) -> torch.fx.GraphModule:
-        """The outlined forward."""
-        return self._body
-
-    def forward(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return self._body.forward(*args)
-        with _active(self.plan):
-            return self._body.forward(*args)
+    def hooks(self) -> contextlib.AbstractContextManager[None]:
+        return _active(self.plan)
 
     def extra_repr(self) -> str:
         steps = self.plan.steps
@@ -138,48 +129,33 @@ def outline_staged_scope(gm: torch.fx.GraphModule, graph: CostGraph, schedule: S
             "run; it was made for another model or another trace of it."
         )
     first = min(i for i, n in enumerate(nodes) if n.name in graph)
-    output = nodes[-1]
-    body_nodes = [n for n in nodes[first:-1] if n.op not in ("placeholder", "get_attr")]
-    inside = set(body_nodes)
-    ext = list(
-        dict.fromkeys(a for node in body_nodes for a in node.all_input_nodes if a not in inside)
-    )
-    sub = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for arg in ext:
-        env[arg] = sub.placeholder(f"in_{arg.name}")
-        env[arg].meta = dict(arg.meta)
 
     def store(target: Any, name: str) -> str:  # a function's callee, which the body copies
         setattr(gm, f"{_CALLEE}{name}", target)
         return f"{_CALLEE}{name}"
 
-    for node in body_nodes:
+    def copy_node(
+        sub: torch.fx.Graph, node: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node]
+    ) -> torch.fx.Node | None:
         if node.name in graph and node.op == "call_method":
             # looked up at call time: a recipe keeps the tensor as an argument, by reference
             args = tuple(torch.fx.map_arg(node.args, lambda x: env[x]))
             kwargs = dict(torch.fx.map_arg(node.kwargs, lambda x: env[x]))
             callee = sub.get_attr(store(_Method(str(node.target)), node.name))
-            env[node] = sub.call_function(run_staged_op, (node.name, callee, *args), kwargs)
-            env[node].meta = dict(node.meta)
-        elif node.name in graph:
-            env[node] = wrapped_call(
+            call = sub.call_function(run_staged_op, (node.name, callee, *args), kwargs)
+            call.meta = dict(node.meta)
+            return call
+        if node.name in graph:
+            return wrapped_call(
                 sub, node, env, run_staged_op, lambda t, n=node.name: store(t, n), node.name
             )
-        else:
-            env[node] = sub.node_copy(node, lambda x: env[x])
-    returned = [n for n in output.all_input_nodes if n in inside]
-    sub.output(tuple(env[n] for n in returned))
-    body = torch.fx.GraphModule(gm, sub, class_name="StagedBody")
-    gm.add_submodule("chkpt_staged_scope", StagedScope(body, plan))
-    with gm.graph.inserting_before(output):
-        call = gm.graph.call_module("chkpt_staged_scope", tuple(ext))
-        items = {
-            n: gm.graph.call_function(operator.getitem, (call, i)) for i, n in enumerate(returned)
-        }
-    for node, item in items.items():
-        item.meta = dict(node.meta)
-    output.args = torch.fx.map_arg(output.args, lambda x: items.get(x, x))
-    output.kwargs = torch.fx.map_arg(output.kwargs, lambda x: items.get(x, x))
-    for node in reversed(body_nodes):
-        gm.graph.erase_node(node)
+        return None
+
+    outline_forward(
+        gm,
+        first,
+        copy_node,
+        lambda body: StagedScope(body, plan),
+        attribute="chkpt_staged_scope",
+        class_name="StagedBody",
+    )

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +41,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map
 
+from chkpt_opt.codegen.outline import HookedBody, outline_forward
 from chkpt_opt.codegen.runtime import CheckpointRegion
 from chkpt_opt.codegen.wrapped_call import wrapped_call
 from chkpt_opt.errors import ScheduleError
@@ -249,25 +249,16 @@ def _active() -> Iterator[None]:
         scope.registry.clear()
 
 
-class UnpackScope(torch.nn.Module):
+class UnpackScope(HookedBody):
     """Runs the part of the forward that holds unpacked ops under the scope's hooks (with
     gradients enabled, not while compiling). The body is held outside the module tree."""
 
     def __init__(self, body: torch.fx.GraphModule, names: tuple[str, ...]) -> None:
-        super().__init__()
-        object.__setattr__(self, "_body", body)
+        super().__init__(body)
         self.names = names
 
-    @property
-    def body(self) -> torch.fx.GraphModule:
-        """The outlined part of the forward."""
-        return self._body
-
-    def forward(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return self._body.forward(*args)
-        with _active():
-            return self._body.forward(*args)
+    def hooks(self) -> contextlib.AbstractContextManager[None]:
+        return _active()
 
     def extra_repr(self) -> str:
         return f"unpacked: {', '.join(self.names)}"
@@ -289,46 +280,30 @@ def outline_unpack_scope(gm: torch.fx.GraphModule, unpacked: frozenset[str]) -> 
             "outside its regions; it was made for another model or another trace of it."
         )
     first = min(nodes.index(by_name[n]) for n in unpacked)
-    output = nodes[-1]
-    body_nodes = [n for n in nodes[first:-1] if n.op not in ("placeholder", "get_attr")]
-    inside = set(body_nodes)
-    ext: list[torch.fx.Node] = []
-    for node in [*body_nodes, output]:
-        for arg in node.all_input_nodes:
-            if arg not in inside and arg not in ext and node is not output:
-                ext.append(arg)
-    sub = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for arg in ext:
-        env[arg] = sub.placeholder(f"in_{arg.name}")
-        env[arg].meta = dict(arg.meta)
-    for node in body_nodes:
+    names = tuple(n.name for n in nodes[first:] if n.name in unpacked)
+
+    def copy_node(
+        sub: torch.fx.Graph, node: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node]
+    ) -> torch.fx.Node | None:
         target = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
         if node.name in unpacked:
-            env[node] = _unpacked_call(gm, sub, node, env)
-        elif isinstance(target, CheckpointRegion):
+            return _unpacked_call(gm, sub, node, env)
+        if isinstance(target, CheckpointRegion):
             region = sub.get_attr(str(node.target))
             args = tuple(torch.fx.map_arg(node.args, lambda x: env[x]))
-            env[node] = sub.call_function(call_keeping_inputs, (region, *args))
-            env[node].meta = dict(node.meta)
-        else:
-            env[node] = sub.node_copy(node, lambda x: env[x])
-    returned = [n for n in output.all_input_nodes if n in inside]
-    sub.output(tuple(env[n] for n in returned))
-    body = torch.fx.GraphModule(gm, sub, class_name="UnpackBody")
-    names = tuple(n.name for n in body_nodes if n.name in unpacked)
-    gm.add_submodule("chkpt_unpack_scope", UnpackScope(body, names))
-    with gm.graph.inserting_before(output):
-        call = gm.graph.call_module("chkpt_unpack_scope", tuple(ext))
-        items = {
-            n: gm.graph.call_function(operator.getitem, (call, i)) for i, n in enumerate(returned)
-        }
-    for node, item in items.items():
-        item.meta = dict(node.meta)
-    output.args = torch.fx.map_arg(output.args, lambda x: items.get(x, x))
-    output.kwargs = torch.fx.map_arg(output.kwargs, lambda x: items.get(x, x))
-    for node in reversed(body_nodes):
-        gm.graph.erase_node(node)
+            call = sub.call_function(call_keeping_inputs, (region, *args))
+            call.meta = dict(node.meta)
+            return call
+        return None
+
+    outline_forward(
+        gm,
+        first,
+        copy_node,
+        lambda body: UnpackScope(body, names),
+        attribute="chkpt_unpack_scope",
+        class_name="UnpackBody",
+    )
 
 
 def _unpacked_call(
