@@ -207,19 +207,15 @@ def test_the_empty_staged_schedule_is_keep_all() -> None:
 def test_an_op_whose_input_a_later_op_writes_in_place_is_neither_staged_nor_unpacked() -> None:
     # a -> b (reads a) -> c (writes a in place, after b ran) -> d: running b again later
     # would read the written a. Reading a storage written before the reader runs is fine.
-    g = new_graph("later_write")
-    specs = [
-        ("a", [], {"outputs": {"a": 100}}),
-        ("b", ["a"], {"outputs": {"b": 100}, "saved": {"a": 100}}),
-        ("c", ["a", "b"], {"outputs": {}, "aliases": ["a"], "is_inplace": True}),
-        ("d", ["c"], {"outputs": {"d": 10}, "saved": {"a": 100}}),
-    ]
-    for i, (op, preds, attrs) in enumerate(specs):
-        g.add_node(op, **node_attrs(index=i, op="op", grad_bytes=100, fwd_time_s=1.0, **attrs))
-        for p in preds:
-            g.add_edge(p, op)
-    g.graph["outputs"] = ["d"]
-    check_graph(g)
+    g = _built(
+        "later_write",
+        [
+            ("a", [], {"outputs": {"a": 100}}),
+            ("b", ["a"], {"outputs": {"b": 100}, "saved": {"a": 100}}),
+            ("c", ["a", "b"], {"outputs": {}, "aliases": ["a"], "is_inplace": True}),
+            ("d", ["c"], {"outputs": {"d": 10}, "saved": {"a": 100}}),
+        ],
+    )
     assert reads_a_later_write(g, "b") and not reads_a_later_write(g, "d")
     assert "b" not in recomputable_ops(g)
     assert "later op writes in place" in unpack_problem(g, "b")
@@ -248,23 +244,32 @@ def test_recomputations_before_a_view_run_at_the_stage_before() -> None:
     # a -> b -> c -> v (a view of c that saves b) -> d: a region over b, c and v is replayed
     # before v's backward, which unpacks b; v has no autograd node of its own, so as a
     # staged schedule b and c are recomputed at d's stage, the backward before v's.
-    g = new_graph("view_saver")
-    specs = [
-        ("a", [], {"outputs": {"a": 100}}),
-        ("b", ["a"], {"outputs": {"b": 100}, "saved": {"a": 100}}),
-        ("c", ["b"], {"outputs": {"c": 100}, "saved": {"b": 100}}),
-        ("v", ["c"], {"outputs": {}, "aliases": ["c"], "saved": {"b": 100}}),
-        ("d", ["v"], {"outputs": {"d": 10}, "saved": {"c": 100}}),
-    ]
-    for i, (op, preds, attrs) in enumerate(specs):
-        g.add_node(op, **node_attrs(index=i, op="op", grad_bytes=100, fwd_time_s=1.0, **attrs))
-        for p in preds:
-            g.add_edge(p, op)
-    g.graph["outputs"] = ["d"]
-    check_graph(g)
+    g = _built(
+        "view_saver",
+        [
+            ("a", [], {"outputs": {"a": 100}}),
+            ("b", ["a"], {"outputs": {"b": 100}, "saved": {"a": 100}}),
+            ("c", ["b"], {"outputs": {"c": 100}, "saved": {"b": 100}}),
+            ("v", ["c"], {"outputs": {}, "aliases": ["c"], "saved": {"b": 100}}),
+            ("d", ["v"], {"outputs": {"d": 10}, "saved": {"c": 100}}),
+        ],
+    )
     assert "v" not in stage_ops(g)
     region = Schedule(regions=(("b", "c", "v"),))
     staged = as_staged(g, region)
     assert staged.staged == (("d", ("b", "c")),)
     check_schedule(g, staged)
     assert simulate(g, staged).recompute_s == simulate(g, region).recompute_s
+
+
+def _built(name: str, specs: list[tuple[str, list[str], dict]]) -> CostGraph:
+    """A graph of ops ``(name, inputs, attributes)`` in execution order, 1 s forward and
+    100 bytes of gradient each; the op named ``d`` is the output."""
+    g = new_graph(name)
+    for i, (op, preds, attrs) in enumerate(specs):
+        g.add_node(op, **node_attrs(index=i, op="op", grad_bytes=100, fwd_time_s=1.0, **attrs))
+        for p in preds:
+            g.add_edge(p, op)
+    g.graph["outputs"] = ["d"]
+    check_graph(g)
+    return g
