@@ -395,10 +395,13 @@ def test_auto_picks_the_exact_solver_that_fits() -> None:
     result = get_solver("auto")(larger, budget)
     assert "cpsat" in result.stats["tried"]
     keep_set = get_solver("milp")(larger, budget).objective
-    # The keep-set stage proves the keep-set optimum; the cached-op program then beats it.
+    # The keep-set stage proves the keep-set optimum; the staged program then beats it and
+    # proves its schedule optimal over every schedule (its bound above the recompute bound).
     assert result.stats["keep_set"]["status"] == "optimal"
     assert result.stats["keep_set"]["objective_s"] == pytest.approx(keep_set, rel=REL, abs=1e-15)
-    assert result.status == SolveStatus.FEASIBLE and result.objective < keep_set
+    assert result.objective < keep_set and result.stats["chosen"] == "staged"
+    assert result.status == SolveStatus.OPTIMAL
+    assert result.bound is not None and result.bound > result.stats["recompute_bound"]["bound_s"]
     keep_all = get_solver("auto")(larger, 10**15)
     assert keep_all.status == SolveStatus.OPTIMAL and keep_all.objective == 0.0
 
