@@ -66,6 +66,8 @@ CASES = {
     ("dag24_s4", 0.6): lambda: random_dag(24, seed=4),
     ("chain16", 0.8): _chain16,
     ("chain16", 0.45): _chain16,
+    # cached and milp_cached alone 6.04% of the step, auto 4.06% (the staged program, proven)
+    ("segnet_layers", 0.6): lambda: load_graph(CORPUS / "segnet_layers.json"),
 }
 
 
