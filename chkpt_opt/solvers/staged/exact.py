@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -43,7 +44,7 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.bounds.general_milp import GeneralBound, general_bound
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
@@ -173,7 +174,7 @@ class StagedSolver:
         schedule, profile = best
         # The simulator sums the same times in another order: equal up to float rounding.
         meets = bound_s is not None and profile.recompute_s <= bound_s * (1 + 1e-9) + 1e-12
-        return result_from_profile(
+        result = result_from_profile(
             schedule,
             profile,
             budget_bytes=budget_bytes,
@@ -189,3 +190,8 @@ class StagedSolver:
                 "every_schedule_bound_s": bound_s,
             },
         )
+        cut = deadline.expired() or any(r["status"] == "timed_out" for r in rounds)
+        if not result.feasible and not result.proves_infeasible and cut:
+            # nothing fits and the limit cut the search: no claim that nothing does
+            result = dataclasses.replace(result, status=SolveStatus.TIMED_OUT)
+        return result

@@ -4,10 +4,13 @@ schedule, ``solver="staged"`` returns the cheapest that fits, and its bound lies
 from __future__ import annotations
 
 import itertools
+import time
+from pathlib import Path
 
 import pytest
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import simulate
@@ -59,3 +62,13 @@ def test_the_result_is_never_costlier_than_its_warm_start() -> None:
     result = get_solver("staged", warm_start=warm.schedule)(graph, budget, time_limit_s=20)
     assert result.feasible and result.objective <= warm.objective + 1e-12
     assert result.stats["rounds"], "the program ran"
+
+
+def test_a_limit_that_cuts_the_program_is_kept_and_said() -> None:
+    # gpt_small (106 ops): the programs take far longer than a second
+    graph = load_graph(Path(__file__).resolve().parents[3] / "graphs" / "gpt_small.json")
+    budget = int(0.6 * simulate(graph, Schedule()).peak_bytes)
+    start = time.monotonic()
+    result = get_solver("staged")(graph, budget, time_limit_s=1.0)
+    assert time.monotonic() - start < 4.0
+    assert result.status == SolveStatus.TIMED_OUT and not result.proves_infeasible
