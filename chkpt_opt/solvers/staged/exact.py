@@ -44,7 +44,7 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, SolveStatus, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.bounds.general_milp import GeneralBound, general_bound
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
@@ -111,24 +111,11 @@ class StagedSolver:
             )
         deadline = Deadline.after(time_limit_s if time_limit_s is not None else 60.0)
         hint: frozenset[tuple[str, str]] = frozenset()
-        best: tuple[Schedule, MemoryProfile] | None = None
+        judged: list[tuple[Schedule, MemoryProfile]] = []  # the warm start, then each round's
         if self.warm_start is not None:
             warm = as_staged(graph, self.warm_start)
             hint = frozenset((f"bwd:{b}", op) for b, ops in warm.staged for op in ops)
-            best = (warm, simulate(graph, warm))
-
-        def better(schedule: Schedule, profile: MemoryProfile) -> None:
-            nonlocal best
-            fits = profile.peak_bytes <= budget_bytes
-            if best is None:
-                best = (schedule, profile)
-                return
-            held = best[1]
-            held_fits = held.peak_bytes <= budget_bytes
-            if (fits, -profile.recompute_s) > (held_fits, -held.recompute_s) or (
-                not fits and not held_fits and profile.peak_bytes < held.peak_bytes
-            ):
-                best = (schedule, profile)
+            judged.append((warm, simulate(graph, warm)))
 
         def proven(found: GeneralBound) -> float | None:
             # An optimum the backend proved is the bound itself (the sum of the chosen ops'
@@ -164,14 +151,13 @@ class StagedSolver:
                 break
             schedule = decoded(graph, found)
             profile = simulate(graph, schedule, check=False)
-            better(schedule, profile)
+            judged.append((schedule, profile))
             rounds[-1]["peak_bytes"] = profile.peak_bytes
             if profile.peak_bytes <= budget_bytes:
                 break
             target -= profile.peak_bytes - budget_bytes
-        if best is None:  # nothing to show: the keep-all schedule, as the others report
-            best = (Schedule(), simulate(graph, Schedule()))
-        schedule, profile = best
+        best = lowest_ranked(judged, budget_bytes)  # none judged: keep-all, as others report
+        schedule, profile = best if best else (Schedule(), simulate(graph, Schedule()))
         # The simulator sums the same times in another order: equal up to float rounding.
         meets = bound_s is not None and profile.recompute_s <= bound_s * (1 + 1e-9) + 1e-12
         result = result_from_profile(
