@@ -8,7 +8,7 @@ in the order they run), or ``j = -1`` for the forward's. A recomputation makes t
 its op returns and the buffers the op saves for its own backward without returning them
 (``<op>:buf<k>``: a max-pool's indices, a layer norm's statistics), which its backward then
 unpacks like any other instance. The uses the executor serves are a recomputation step
-reading a storage (:func:`~chkpt_opt.staged.sequence.stage_reads`) and a backward op
+reading a storage (:func:`~chkpt_opt.graphs.costgraph.storages_read`) and a backward op
 unpacking a storage it saved; forward readers, savers whose use takes the forward instance
 and the step's outputs hold the forward's tensors as eager PyTorch does.
 
@@ -32,10 +32,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from chkpt_opt.errors import ScheduleError, short
-from chkpt_opt.graphs.costgraph import CostGraph, storage_owners
+from chkpt_opt.graphs.costgraph import CostGraph, storage_owners, storages_read
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.staged.rule import recomputed_storages
-from chkpt_opt.staged.sequence import stage_reads
 from chkpt_opt.unpack.rule import rebuilt_storages
 
 Key = tuple[str, int]
@@ -120,8 +119,9 @@ def staged_plan(graph: CostGraph, schedule: Schedule) -> StagedPlan:
         found = [j for j in made.get(sid, ()) if j < before]
         return (sid, found[-1] if found else -1)
 
+    owner = storage_owners(graph)
     reads = tuple(
-        {sid: latest(sid, j) for sid in stage_reads(graph, r)} for j, r in enumerate(steps)
+        {sid: latest(sid, j) for sid in storages_read(graph, r, owner)} for j, r in enumerate(steps)
     )
     backward = frozenset(n for n in graph.nodes if nodes[n]["has_backward"])
     handles: dict[tuple[str, str], Key] = {}
@@ -133,7 +133,6 @@ def staged_plan(graph: CostGraph, schedule: Schedule) -> StagedPlan:
             if key[1] >= 0:
                 handles[(n, sid)] = key
     planned = Counter(key for step in reads for key in step.values())
-    owner = storage_owners(graph)
     followed = set(steps) | {owner[sid] for sid, _ in planned}
     return StagedPlan(
         steps=steps,

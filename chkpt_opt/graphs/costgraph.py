@@ -269,6 +269,15 @@ def owned_storages(graph: CostGraph, node: str, owners: dict[str, str]) -> dict[
     return made
 
 
+def storages_read(graph: CostGraph, node: str, owners: dict[str, str]) -> list[str]:
+    """The storages ``node`` reads: those of its inputs (in execution order), then the
+    saved storages of other ops it reads without an edge; each once."""
+    preds = sorted(graph.predecessors(node), key=lambda u: graph.nodes[u]["index"])
+    found = [sid for u in preds for sid in storage_refs(graph, u)]
+    found += [sid for sid in graph.nodes[node]["saved"] if owners[sid] != node]
+    return list(dict.fromkeys(found))
+
+
 def edge_uses(graph: CostGraph, u: str, v: str) -> int:
     """How many arguments of ``v`` read the value of ``u`` (1 unless given)."""
     return int(graph.edges[u, v].get("uses", 1))

@@ -12,7 +12,8 @@ are instances later uses take, the others die with the step. Every use takes the
 instance computed before it and holds it until it runs:
 
 * a forward reader of the storage (the forward instance);
-* a recomputation that reads it (through an edge, or a saved storage it reads without one);
+* a recomputation that reads it (:func:`~chkpt_opt.graphs.costgraph.storages_read`: through
+  an edge, or a saved storage of another op it reads without one);
 * a backward op that unpacks it (an op that saves it, at its backward; an op without a
   backward holds the forward instance to the end of the step, as autograd does);
 * the step returning it (the forward instance, to the end of the step).
@@ -34,21 +35,12 @@ from chkpt_opt.graphs.costgraph import (
     owned_storages,
     storage_owners,
     storage_refs,
+    storages_read,
 )
 from chkpt_opt.schedule import Schedule
 from chkpt_opt.sequence.gradients import gradient_instances, gradient_sums
 from chkpt_opt.sequence.steps import Step, steps_of
 from chkpt_opt.staged.rule import recomputed_storages
-
-
-def stage_reads(graph: CostGraph, node: str) -> list[str]:
-    """The storages a recomputation of ``node`` reads: those of its inputs, then the saved
-    storages of other ops it reads without an edge; each once, in that order."""
-    owner = storage_owners(graph)
-    preds = sorted(graph.predecessors(node), key=lambda u: graph.nodes[u]["index"])
-    found = [sid for u in preds for sid in storage_refs(graph, u)]
-    found += [sid for sid in graph.nodes[node]["saved"] if owner[sid] != node]
-    return list(dict.fromkeys(found))
 
 
 def lower_staged(graph: CostGraph, schedule: Schedule) -> list[Step]:
@@ -87,10 +79,11 @@ def lower_staged(graph: CostGraph, schedule: Schedule) -> list[Step]:
     # Instances: the forward's, then one per recomputation of the storages the op returns.
     made_at: dict[str, list[int]] = {}  # storage -> positions of its instances, in order
     names: dict[str, list[str]] = {}
+    recomputed = recomputed_storages(graph)
     for position, (kind, n, _) in enumerate(kinds):
         if kind not in ("fwd", "recompute"):
             continue
-        kept = recomputed_storages(graph)[n] if kind == "recompute" else None
+        kept = recomputed[n] if kind == "recompute" else None
         for sid, nbytes in owned_storages(graph, n, owner).items():
             inst = f"f:{sid}" if kind == "fwd" else f"s{position}:{sid}"
             alloc_at[inst] = (position, nbytes)
@@ -109,7 +102,7 @@ def lower_staged(graph: CostGraph, schedule: Schedule) -> list[Step]:
                 for sid in storage_refs(graph, u):
                     hold(f"f:{sid}", position)
         elif kind == "recompute":
-            for sid in stage_reads(graph, n):
+            for sid in storages_read(graph, n, owner):
                 use(sid, position)
     for n in order:
         for sid in nodes[n]["saved"]:

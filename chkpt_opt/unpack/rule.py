@@ -51,7 +51,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from chkpt_opt.errors import ScheduleError, short
-from chkpt_opt.graphs.costgraph import CostGraph, attributes_by_node, storage_owners, storage_refs
+from chkpt_opt.graphs.costgraph import (
+    CostGraph,
+    attributes_by_node,
+    storage_owners,
+    storage_refs,
+    storages_read,
+)
 from chkpt_opt.graphs.frozen import graph_fact
 
 
@@ -64,26 +70,20 @@ def written_storages(graph: CostGraph) -> frozenset[str]:
 
 
 @graph_fact
-def last_writes(graph: CostGraph) -> dict[str, int]:
-    """For every storage some op writes in place, the index of the last op that does."""
-    found: dict[str, int] = {}
+def later_write_readers(graph: CostGraph) -> frozenset[str]:
+    """The ops that read (:func:`~chkpt_opt.graphs.costgraph.storages_read`) a storage some
+    later op writes in place: running one again later would read the changed value."""
+    last: dict[str, int] = {}  # storage -> index of the last op writing it in place
     for n, a in graph.nodes(data=True):
         if a["is_inplace"]:
             for sid in storage_refs(graph, n):
-                found[sid] = max(found.get(sid, -1), a["index"])
-    return found
-
-
-def reads_a_later_write(graph: CostGraph, node: str) -> bool:
-    """Whether an op after ``node`` writes in place a storage that ``node`` reads (through
-    an edge, or a saved storage of another op it reads without one): running ``node`` again
-    later would read the changed value."""
-    last = last_writes(graph)
+                last[sid] = max(last.get(sid, -1), a["index"])
     owner = storage_owners(graph)
-    index = graph.nodes[node]["index"]
-    reads = {sid for u in graph.predecessors(node) for sid in storage_refs(graph, u)}
-    reads |= {sid for sid in graph.nodes[node]["saved"] if owner[sid] != node}
-    return any(last.get(sid, -1) > index for sid in reads)
+    return frozenset(
+        n
+        for n, a in graph.nodes(data=True)
+        if any(last.get(sid, -1) > a["index"] for sid in storages_read(graph, n, owner))
+    )
 
 
 def unpack_problem(graph: CostGraph, node: str) -> str:
@@ -102,7 +102,7 @@ def unpack_problem(graph: CostGraph, node: str) -> str:
     written = written_storages(graph)
     if any(sid in written for sid in attrs["outputs"]):
         return "has its output written in place by a later op (a rebuild would miss the write)"
-    if reads_a_later_write(graph, node):
+    if node in later_write_readers(graph):
         return "reads a tensor that a later op writes in place (a rebuild would read the new value)"
     return ""
 
@@ -129,13 +129,11 @@ def unpackable_ops(graph: CostGraph) -> frozenset[str]:
     """The ops a schedule may unpack where they lie outside every region (see the module
     docstring): the self-contained ones that are not stateful nor a step output and read
     nothing a later op writes in place."""
-    outputs = set(graph.graph["outputs"])
+    left_out = set(graph.graph["outputs"]) | later_write_readers(graph)
     return frozenset(
         n
         for n in self_contained_ops(graph)
-        if not graph.nodes[n]["is_stateful"]
-        and n not in outputs
-        and not reads_a_later_write(graph, n)
+        if not graph.nodes[n]["is_stateful"] and n not in left_out
     )
 
 
@@ -256,14 +254,8 @@ def unpack_plans(
     needs: dict[str, list[tuple[str, str]]] = {}
     held_by: dict[str, dict[str, list[str]]] = {u: {} for u in ordered}
     for u in ordered:
-        direct = [
-            sid
-            for p in sorted(graph.predecessors(u), key=lambda v: nodes[v]["index"])
-            for sid in storage_refs(graph, p)
-        ]
-        direct += [sid for sid in nodes[u]["saved"] if owner[sid] != u]
         flat[u], needs[u] = [], []
-        for sid in dict.fromkeys(direct):
+        for sid in storages_read(graph, u, owner):
             v = maker.get(sid, u)
             if v == u:
                 flat[u].append(sid)

@@ -28,7 +28,7 @@ from chkpt_opt.staged import recomputable_ops, staged_schedule
 from chkpt_opt.staged.rule import recomputed_storages, stage_ops
 from chkpt_opt.staged.translate import as_staged
 from chkpt_opt.unpack import rebuilt_storages, unpack_candidates, unpack_problem
-from chkpt_opt.unpack.rule import reads_a_later_write
+from chkpt_opt.unpack.rule import later_write_readers
 from tests.general_schedules import random_general_schedule
 from tests.test_unpack_sequence import _two_savers, chain_of_two
 
@@ -216,7 +216,7 @@ def test_an_op_whose_input_a_later_op_writes_in_place_is_neither_staged_nor_unpa
             ("d", ["c"], {"outputs": {"d": 10}, "saved": {"a": 100}}),
         ],
     )
-    assert reads_a_later_write(g, "b") and not reads_a_later_write(g, "d")
+    assert "b" in later_write_readers(g) and "d" not in later_write_readers(g)
     assert "b" not in recomputable_ops(g)
     assert "later op writes in place" in unpack_problem(g, "b")
     with pytest.raises(ScheduleError, match="cannot be recomputed"):

@@ -64,6 +64,7 @@ from chkpt_opt.graphs.costgraph import (
     owned_storages,
     storage_owners,
     storage_refs,
+    storages_read,
 )
 from chkpt_opt.op_sequence import lower
 from chkpt_opt.schedule import Schedule
@@ -141,13 +142,7 @@ def _data(graph: CostGraph) -> _Data:
     owner = storage_owners(graph)
     made = {n: frozenset(owned_storages(graph, n, owner)) for n in order}
     size = {s: b for n in order for s, b in owned_storages(graph, n, owner).items()}
-    reads = {
-        n: frozenset(
-            {s for u in graph.predecessors(n) for s in storage_refs(graph, u)}
-            | {s for s in nodes[n]["saved"] if owner[s] != n}
-        )
-        for n in order
-    }
+    reads = {n: frozenset(storages_read(graph, n, owner)) for n in order}
     outputs = frozenset(s for o in graph.graph["outputs"] for s in storage_refs(graph, o))
     stages: list[_Stage] = []
     live = 0  # bytes of gradients and parameter gradients alive (the same in every schedule)
