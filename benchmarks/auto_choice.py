@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from chkpt_opt.graphs.io import load_graph  # noqa: E402
-from chkpt_opt.schedule import Schedule, cut_positions  # noqa: E402
-from chkpt_opt.simulate import simulate  # noqa: E402
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions  # noqa: E402
+from chkpt_opt.memory_model.simulate import simulate  # noqa: E402
 from chkpt_opt.solvers import get_solver  # noqa: E402
 
 GRAPHS = ("encoder_small", "vit_small", "unet_large", "resnet_large", "gpt_small")

@@ -22,8 +22,8 @@ from typing import Any
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.tracer import trace_model
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver
 from chkpt_opt.zoo import huggingface as hf_zoo
 

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from chkpt_opt.graphs.io import load_graph  # noqa: E402
-from chkpt_opt.schedule import Schedule  # noqa: E402
-from chkpt_opt.simulate import simulate  # noqa: E402
+from chkpt_opt.memory_model.schedule import Schedule  # noqa: E402
+from chkpt_opt.memory_model.simulate import simulate  # noqa: E402
 from chkpt_opt.solvers import SolveResult, get_solver  # noqa: E402
 from chkpt_opt.solvers.cached.cache_rounding import cache_rounding  # noqa: E402
 from chkpt_opt.solvers.deadline import Deadline  # noqa: E402

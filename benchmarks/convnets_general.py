@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 from chkpt_opt.errors import ChkptOptError  # noqa: E402
 from chkpt_opt.graphs.costgraph import total_compute_s  # noqa: E402
 from chkpt_opt.graphs.io import load_graph  # noqa: E402
-from chkpt_opt.schedule import Schedule  # noqa: E402
-from chkpt_opt.simulate import simulate  # noqa: E402
+from chkpt_opt.memory_model.schedule import Schedule  # noqa: E402
+from chkpt_opt.memory_model.simulate import simulate  # noqa: E402
 from chkpt_opt.solvers import get_solver  # noqa: E402
 from chkpt_opt.solvers.bounds.general_milp import general_bound  # noqa: E402
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound  # noqa: E402

@@ -22,8 +22,8 @@ import torch
 from chkpt_opt import zoo
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.tracer import trace_model
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver
 
 

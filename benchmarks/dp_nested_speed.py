@@ -70,8 +70,8 @@ def build_cases(directory: Path) -> list[tuple[str, Path, int, float | None]]:
     import chkpt_opt
     from chkpt_opt import zoo
     from chkpt_opt.graphs.io import load_graph, save_graph
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.simulate import simulate
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.memory_model.simulate import simulate
 
     cases: list[tuple[str, Path, int, float | None]] = []
     saved: dict[str, tuple[Path, int]] = {}  # built graphs: file, keep-all peak

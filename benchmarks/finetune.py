@@ -41,10 +41,10 @@ Memory. Each step's forward/backward peak is measured exactly by
 right after the timed step (the tracker is a Python dispatch mode: it would slow the timed
 step; the weights have moved by one step by then, which changes no tensor's size). The
 whole-step peak adds, for every contender alike, the resident memory counted by chkpt_opt's
-own formula (:func:`chkpt_opt.budget.static_memory`: parameters, buffers, the batch, AdamW's
-two fp32 states and step counters) and takes the optimizer phase into account
-(:meth:`~chkpt_opt.budget.StaticMemory.step_peak_bytes`). For chkpt_opt the resident bytes
-its runners report are checked against that formula.
+own formula (:func:`chkpt_opt.step_budget.budget.static_memory`: parameters, buffers, the batch,
+AdamW's two fp32 states and step counters) and takes the optimizer phase into account
+(:meth:`~chkpt_opt.step_budget.budget.StaticMemory.step_peak_bytes`). For chkpt_opt the resident
+bytes its runners report are checked against that formula.
 
 Time. torch runs on ``--threads`` threads (default 1: on this shared 2-core machine, 2
 threads ran a Llama step 7x slower than 1). The contenders run round-robin, one step each
@@ -83,9 +83,9 @@ from torch import nn
 
 import chkpt_opt
 from chkpt_opt.attachment import Runner
-from chkpt_opt.budget import StaticMemory, optimizer_spec, static_memory
 from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.tracer.storage import StorageTracker
+from chkpt_opt.step_budget.budget import StaticMemory, optimizer_spec, static_memory
 
 FAMILIES = ("llama", "bert", "t5")
 CONTENDERS = ("original", "hf_checkpointing", "chkpt_opt")

@@ -48,8 +48,8 @@ from chkpt_opt.api import Plan  # noqa: E402
 from chkpt_opt.errors import InfeasibleBudgetError, SolverError  # noqa: E402
 from chkpt_opt.graphs.io import load_graph  # noqa: E402
 from chkpt_opt.measurement.step import measure_step  # noqa: E402
-from chkpt_opt.schedule import Schedule  # noqa: E402
-from chkpt_opt.simulate import simulate  # noqa: E402
+from chkpt_opt.memory_model.schedule import Schedule  # noqa: E402
+from chkpt_opt.memory_model.simulate import simulate  # noqa: E402
 from chkpt_opt.solvers import SolveResult, get_solver  # noqa: E402
 
 BUDGETS = (0.9, 0.7, 0.5, 0.3)

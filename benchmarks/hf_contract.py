@@ -29,8 +29,8 @@ from typing import Any
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveResult, get_solver
 
 ROOT = Path(__file__).resolve().parents[1]

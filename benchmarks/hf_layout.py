@@ -42,9 +42,9 @@ from torch.profiler import ProfilerActivity, profile
 import chkpt_opt
 from chkpt_opt.api import Plan
 from chkpt_opt.measurement.step import run_step
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import result_from_profile
 from chkpt_opt.zoo import huggingface as hf_zoo
 

@@ -68,8 +68,8 @@ import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import Plan
 from chkpt_opt.measurement.step import device_of, measure_step, measure_step_allocator, run_step
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult
 from chkpt_opt.zoo import huggingface as hf_zoo
 

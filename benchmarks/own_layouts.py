@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from chkpt_opt.graphs.tracer import trace_model
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
-from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import get_solver
 from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
 from chkpt_opt.zoo import huggingface as hf_zoo

@@ -33,9 +33,9 @@ from cuda_times import half_activations
 import chkpt_opt
 from chkpt_opt.codegen.rewrite import rewrite_module
 from chkpt_opt.graphs.costgraph import region_overhead_s
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.schedule import Schedule, cut_positions
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions
+from chkpt_opt.memory_model.simulate import simulate
 
 FIELDS = [
     "model",

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 import chkpt_opt.solvers.cached.local_search as local_search  # noqa: E402
 from chkpt_opt.graphs.costgraph import total_compute_s  # noqa: E402
 from chkpt_opt.graphs.io import load_graph  # noqa: E402
-from chkpt_opt.schedule import Schedule  # noqa: E402
-from chkpt_opt.simulate import simulate  # noqa: E402
+from chkpt_opt.memory_model.schedule import Schedule  # noqa: E402
+from chkpt_opt.memory_model.simulate import simulate  # noqa: E402
 from chkpt_opt.solvers import get_solver  # noqa: E402
 
 

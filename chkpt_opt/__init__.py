@@ -13,7 +13,6 @@ use, so ``import chkpt_opt.solvers`` and ``chkpt_opt.graphs.io`` run without tor
 import importlib
 import sys
 
-from chkpt_opt.budget import Budget, StaticMemory, format_bytes, parse_budget
 from chkpt_opt.errors import (
     BudgetError,
     ChkptOptError,
@@ -25,9 +24,8 @@ from chkpt_opt.errors import (
 )
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph, save_graph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.sharding import Sharding, sharding_of
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import (
     SolveResult,
     SolveStatus,
@@ -35,22 +33,24 @@ from chkpt_opt.solvers import (
     get_solver,
     smallest_peak,
 )
+from chkpt_opt.step_budget.budget import Budget, StaticMemory, format_bytes, parse_budget
+from chkpt_opt.step_budget.sharding import Sharding, sharding_of
 
 __version__ = "0.1.0"
 
 # Public names that import torch: name -> the module defining it, imported on first use.
 _LAZY = {
     "Plan": "chkpt_opt.api",
-    "activation_budget": "chkpt_opt.whole_step",
+    "activation_budget": "chkpt_opt.step_budget.whole_step",
     "apply": "chkpt_opt.api",
     "attachment_of": "chkpt_opt.attachment",
     "detach": "chkpt_opt.attachment",
     "optimize": "chkpt_opt.attachment",
     "plan": "chkpt_opt.api",
-    "simulate_step": "chkpt_opt.whole_step",
-    "solve": "chkpt_opt.whole_step",
-    "StepProfile": "chkpt_opt.whole_step",
-    "StepSolveResult": "chkpt_opt.whole_step",
+    "simulate_step": "chkpt_opt.step_budget.whole_step",
+    "solve": "chkpt_opt.step_budget.whole_step",
+    "StepProfile": "chkpt_opt.step_budget.whole_step",
+    "StepSolveResult": "chkpt_opt.step_budget.whole_step",
     "trace": "chkpt_opt.api",
     "ValidationReport": "chkpt_opt.validation",
     "validate": "chkpt_opt.validation",

@@ -23,14 +23,15 @@ Example:
 from __future__ import annotations
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule, cache_candidates
+from chkpt_opt.memory_model.schedule import Schedule, cache_candidates
 from chkpt_opt.solvers.blocks.repeated import layer_spans
 
 MATMUL_OPS = frozenset(
     {"linear", "mm", "addmm", "bmm", "matmul", "convolution", "scaled_dot_product_attention"}
 )
 """The ops selective activation checkpointing saves, by their base name in a cost graph
-(attention is random, so no region caches it: :func:`~chkpt_opt.schedule.cacheable_ops`)."""
+(attention is random, so no region caches it:
+:func:`~chkpt_opt.memory_model.schedule.cacheable_ops`)."""
 
 
 def own_layouts(graph: CostGraph) -> dict[str, Schedule]:

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from chkpt_opt.budget import format_bytes
 from chkpt_opt.graphs.tracer.capture import normalize_inputs
 from chkpt_opt.measurement.module_state import preserved_state
 from chkpt_opt.measurement.step import device_of, measure_step, time_step
+from chkpt_opt.step_budget.budget import format_bytes
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.api import smallest_peak
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import check_schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import check_schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveResult, SolveStatus, get_solver
-from chkpt_opt.whole_step import activation_budget
+from chkpt_opt.step_budget.whole_step import activation_budget
 
 REL = 1e-9  # relative tolerance on compute costs (sums of floats in different orders)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import (
+from chkpt_opt.memory_model.schedule import (
     Schedule,
     cache_candidates,
     cut_positions,

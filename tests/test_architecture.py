@@ -47,7 +47,17 @@ PACKAGE_LAYERS: tuple[frozenset[str], ...] = (
 )
 """The torch-facing parts of chkpt_opt, lowest first: a part (a top-level module or
 subpackage) imports from its own layer or a lower one, never from a higher one. Parts not
-named here (budget, schedule, simulate, solvers, ...) are pure Python and below them all."""
+named here (memory_model, step_budget, solvers, ...) are pure Python and below them all."""
+
+MAX_ROOT_MODULES = 8
+"""Most loose modules (``__init__`` included) at the package root: a concept gets a folder."""
+
+MEMORY_MODEL = "chkpt_opt.memory_model"
+"""The memory model: schedules, their files, the op sequence, the simulator."""
+
+MEMORY_MODEL_READS = ("chkpt_opt.memory_model", "chkpt_opt.graphs.", "chkpt_opt.errors")
+"""What the memory model may import from chkpt_opt: itself, the cost graph, the errors
+(never the tracer, the solvers, codegen or the step's budget, which all read it)."""
 
 MEASURING_MODULES = frozenset(
     f"chkpt_opt.measurement.{name}" for name in ("op_times", "workspace", "region_costs")
@@ -268,6 +278,26 @@ def test_measurements_are_written_only_through_the_driver() -> None:
         )
 
 
+def test_the_package_root_holds_few_loose_modules() -> None:
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= MAX_ROOT_MODULES, (
+        f"{len(loose)} loose modules at chkpt_opt/: {loose}; give a concept a package"
+    )
+
+
+def test_the_memory_model_reads_only_the_cost_graph() -> None:
+    modules = _modules()
+    inside = {name: path for name, path in modules.items() if name.startswith(MEMORY_MODEL)}
+    assert f"{MEMORY_MODEL}.op_sequence" in inside and f"{MEMORY_MODEL}.simulate" in inside
+    for name, path in inside.items():
+        outside = sorted(
+            target
+            for target in _imports(name, path, modules)
+            if not target.startswith(MEMORY_MODEL_READS) or "tracer" in target
+        )
+        assert not outside, f"{name} imports {outside}: the memory model reads only the graph"
+
+
 def test_folders_are_small() -> None:
     counts: dict[str, int] = {}
     for path in PACKAGE.rglob("*.py"):
@@ -344,6 +374,10 @@ import chkpt_opt.solvers
 from chkpt_opt.graphs.io import load_graph, save_graph
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.solvers import available_solvers, get_solver
+import chkpt_opt.memory_model.replay_cost, chkpt_opt.memory_model.schedule_io
+import chkpt_opt.step_budget.fsdp2_timeline, chkpt_opt.step_budget.sharding
+from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
 
 path = sys.argv[1]
 save_graph(chain_graph(6), path)
@@ -352,12 +386,13 @@ names = available_solvers()
 for name in ("greedy", "dp_chain", "cpsat"):
     assert name in names, name
     assert get_solver(name)(graph, 10**12).feasible, name
+assert simulate(graph, Schedule()).peak_bytes > 0
 assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
 print("ok")
 """
 
 
-def test_solvers_and_graph_files_do_not_import_torch(tmp_path: Path) -> None:
+def test_solvers_memory_model_and_graph_files_do_not_import_torch(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", TORCH_FREE, str(tmp_path / "g.json")],
         capture_output=True,

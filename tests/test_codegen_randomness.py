@@ -15,7 +15,7 @@ import chkpt_opt
 from chkpt_opt.codegen import CheckpointRegion, rewrite_module
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measurement.step import measure_step, measure_step_allocator
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.memory_model.schedule import Schedule
 
 
 class Attention(nn.Module):

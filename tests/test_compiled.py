@@ -20,7 +20,7 @@ from chkpt_opt.export.compiled import EQUAL_WITHIN, measure_compiled
 from chkpt_opt.export.partitioner import PlanPartitioner, compile_module
 from chkpt_opt.measurement.module_state import preserved_state
 from chkpt_opt.measurement.step import measure_step_allocator, run_step
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver
 from tests.conftest import budget_at
 
@@ -209,7 +209,7 @@ def test_cached_ops_are_part_of_the_compile_cache_key() -> None:
     the cached ops, which compile_module reads off the module."""
     from chkpt_opt.codegen import rewrite_module
     from chkpt_opt.export.partitioner import cached_op_names
-    from chkpt_opt.schedule import Schedule, cache_candidates
+    from chkpt_opt.memory_model.schedule import Schedule, cache_candidates
 
     plan = _plan_at(_chain(), 0.6)
     op = sorted(cache_candidates(plan.graph, plan.schedule))[0]
@@ -309,7 +309,7 @@ def test_a_kept_tuple_output_op_in_a_region_compiles() -> None:
     found by benchmarks/hf_models.py on Llama)."""
     from chkpt_opt.codegen import rewrite_module
     from chkpt_opt.graphs.costgraph import ordered_nodes
-    from chkpt_opt.schedule import Schedule
+    from chkpt_opt.memory_model.schedule import Schedule
 
     torch.manual_seed(0)
     model, args = _Attention().train(), (torch.randn(2, 32, 64),)
@@ -340,8 +340,8 @@ def test_a_buffer_update_after_a_region_does_not_keep_what_the_region_recomputes
     compiled forward now saves only the region output the plan keeps."""
     from chkpt_opt.export.compiled import planned_saved_bytes
     from chkpt_opt.graphs.costgraph import ordered_nodes
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.simulate import simulate
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.memory_model.simulate import simulate
 
     model, args, _ = zoo.resnet(widths=(8, 16), blocks_per_stage=1, image=16, batch=4)
     keep_all = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")

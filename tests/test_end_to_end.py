@@ -12,11 +12,11 @@ from chkpt_opt import zoo
 from chkpt_opt.api import smallest_peak
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measurement.step import measure_step
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
 from chkpt_opt.solvers.nested.separator_chain import UNITS, separators
-from chkpt_opt.whole_step import smallest_budget_phrase
+from chkpt_opt.step_budget.whole_step import smallest_budget_phrase
 from tests.conftest import MODELS, budget_at, smallest_plan
 
 N_BUDGETS = 3

@@ -18,8 +18,8 @@ import pytest
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule, cut_positions
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.model import simulator_slot_bytes

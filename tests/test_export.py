@@ -123,10 +123,10 @@ def test_file_for_other_shapes_or_another_model_is_refused(tmp_path: Path) -> No
 def test_malformed_plan_files_are_refused(tmp_path: Path) -> None:
     model, args, _ = zoo.gpt(**GPT)
     path = tmp_path / "plan.json"
-    path.write_text('{"format": "chkpt_opt.schedule", "format_version": 9}')
+    path.write_text('{"format": "chkpt_opt.memory_model.schedule", "format_version": 9}')
     with pytest.raises(chkpt_opt.ScheduleError, match="format_version 9"):
         chkpt_opt.apply(model, path, args)
-    path.write_text('{"format": "chkpt_opt.schedule", "format_ver')
+    path.write_text('{"format": "chkpt_opt.memory_model.schedule", "format_ver')
     with pytest.raises(chkpt_opt.ScheduleError, match="not valid JSON"):
         chkpt_opt.apply(model, path, args)
     with pytest.raises(chkpt_opt.ScheduleError, match="does not exist"):

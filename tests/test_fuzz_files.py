@@ -36,9 +36,9 @@ from chkpt_opt.errors import GraphFormatError, ScheduleError
 from chkpt_opt.graphs.costgraph import MAX_BYTES, check_graph, new_graph, node_attrs
 from chkpt_opt.graphs.io import graph_to_dict, load_graph, save_graph
 from chkpt_opt.graphs.synthetic import random_dag
-from chkpt_opt.schedule import Schedule, check_schedule
-from chkpt_opt.schedule_io import load_schedule, save_schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule, check_schedule
+from chkpt_opt.memory_model.schedule_io import load_schedule, save_schedule
+from chkpt_opt.memory_model.simulate import simulate
 
 PACKAGE = Path(chkpt_opt.__file__).parent
 FUZZ = settings(
@@ -348,7 +348,10 @@ HOSTILE_GRAPHS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "self loop": (_graph_edit(lambda d: d["edges"].append(["b", "b"])), "self-loop"),
     "unknown version": (_set(("format_version",), 99), "format_version 99"),
     "version as string": (_set(("format_version",), "1"), "format_version '1'"),
-    "other format": (_set(("format",), "chkpt_opt.schedule"), "not a chkpt_opt cost graph"),
+    "other format": (
+        _set(("format",), "chkpt_opt.memory_model.schedule"),
+        "not a chkpt_opt cost graph",
+    ),
     "nodes not a list": (_set(("nodes",), {"a": 1}), "'nodes' must be a JSON list"),
     "index as float": (_graph_edit(lambda d: d["nodes"][1].update(index=1.0)), "must be an int"),
     "bool for int": (_graph_edit(lambda d: d["nodes"][1].update(index=True)), "must be an int"),

@@ -20,7 +20,7 @@ from torch import nn
 import chkpt_opt
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule, nesting_allowed
+from chkpt_opt.memory_model.schedule import Schedule, nesting_allowed
 from chkpt_opt.solvers import get_solver
 from tests.test_hard_models import (
     BatchNormNet,

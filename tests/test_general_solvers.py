@@ -10,8 +10,8 @@ import chkpt_opt
 from chkpt_opt import zoo
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.measurement.step import measure_step
-from chkpt_opt.schedule import Schedule, cacheable_ops
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule, cacheable_ops
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver
 from chkpt_opt.solvers.cached.local_search import neighbours
 from tests.conftest import assert_valid_result, deep_chain_at_three_quarters

@@ -28,7 +28,7 @@ from chkpt_opt.errors import ChkptOptError, ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measurement.module_state import preserved_state
 from chkpt_opt.measurement.step import measure_step
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.memory_model.schedule import Schedule
 from tests.conftest import smallest_plan
 
 STEPS = 3

@@ -16,8 +16,8 @@ pytest.importorskip("transformers")
 from chkpt_opt.api import plan
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measurement.step import measure_step_allocator
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.zoo import huggingface
 
 

@@ -12,9 +12,9 @@ from chkpt_opt import zoo
 from chkpt_opt.export.layers import find_layers, lower_to_layers
 from chkpt_opt.export.snapshot import predicted_snapshot, save_predicted_snapshot
 from chkpt_opt.graphs.costgraph import ordered_nodes
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 
 TARGETS = ["huggingface", "torchtitan", "megatron"]
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from chkpt_opt.errors import InfeasibleBudgetError, SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph, new_graph, node_attrs, ordered_nodes
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveResult, SolveStatus, available_solvers, get_solver
 from tests.conftest import assert_valid_result
 

@@ -9,10 +9,10 @@ import pytest
 from chkpt_opt.errors import GraphFormatError
 from chkpt_opt.graphs.costgraph import check_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.region_replay import policy_dispatches
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.region_replay import policy_dispatches
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.interval.cache_columns import CacheColumns
 from tests.conftest import REL, assert_valid_result

@@ -18,8 +18,8 @@ from chkpt_opt.export.sac import (
 )
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.measurement.step import measure_step
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 
 
 @pytest.fixture(scope="module")

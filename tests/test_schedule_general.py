@@ -18,9 +18,9 @@ from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.measurement.step import measure_step
-from chkpt_opt.schedule import Schedule, check_schedule, region_tree
-from chkpt_opt.schedule_io import load_schedule, save_schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule, check_schedule, region_tree
+from chkpt_opt.memory_model.schedule_io import load_schedule, save_schedule
+from chkpt_opt.memory_model.simulate import simulate
 from tests.conftest import MODELS
 from tests.general_schedules import random_general_schedule
 

@@ -7,8 +7,8 @@ import pytest
 import chkpt_opt
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
 from tests.conftest import assert_valid_result
 

@@ -24,9 +24,9 @@ from chkpt_opt.export.sac import lower_to_sac
 from chkpt_opt.graphs.costgraph import ordered_nodes
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.graphs.tracer.storage import StorageTracker
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
-from chkpt_opt.staged import recomputable_ops, staged_schedule
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.memory_model.staged import recomputable_ops, staged_schedule
 
 
 class MLP(nn.Module):

@@ -16,8 +16,8 @@ from chkpt_opt import zoo
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.tracer.storage import StorageTracker
 from chkpt_opt.measurement.step import measure_step
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
 
 

@@ -12,8 +12,8 @@ from ortools.sat.python import cp_model
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver, smallest_peak
 from chkpt_opt.solvers.bounds.lowest_peak import lowest_peak
 from chkpt_opt.solvers.deadline import GRACE_S, Deadline, DeadlineExceeded, run_within

@@ -20,8 +20,8 @@ from chkpt_opt.graphs.costgraph import CostGraph, check_graph, ordered_nodes
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.graphs.tracer.ops import may_draw_random
 from chkpt_opt.measurement.step import measure_step
-from chkpt_opt.schedule import Schedule, cacheable_ops
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule, cacheable_ops
+from chkpt_opt.memory_model.simulate import simulate
 
 F32 = 4  # bytes per float32 element
 

@@ -17,9 +17,9 @@ from chkpt_opt.codegen import unpack as unpack_codegen
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement.step import measure_step
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
-from chkpt_opt.unpack import unpack_candidates
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.memory_model.unpack import unpack_candidates
 
 
 class PoolNet(nn.Module):

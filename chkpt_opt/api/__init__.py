@@ -8,7 +8,7 @@ Parameters and buffers (codegen's :func:`~chkpt_opt.codegen.rewrite_module`).
 
 Units: solvers and the simulator count activation bytes (what the forward and backward
 passes create); :func:`solve` and :func:`plan` take the budget of the whole training step
-and report both (see :mod:`chkpt_opt.whole_step`, where :func:`solve`,
+and report both (see :mod:`chkpt_opt.step_budget.whole_step`, where :func:`solve`,
 :func:`simulate_step` and the budget split live).
 
 Example:
@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from chkpt_opt.api.solved_plan import Plan
-from chkpt_opt.budget import Budget
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
@@ -42,15 +41,16 @@ from chkpt_opt.measurement.timed_choice import (
     wanted,
     with_timed_choice,
 )
-from chkpt_opt.schedule_io import load_schedule
-from chkpt_opt.sharding import (
+from chkpt_opt.memory_model.schedule_io import load_schedule
+from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.solvers import get_solver, smallest_peak
+from chkpt_opt.step_budget.budget import Budget
+from chkpt_opt.step_budget.sharding import (
     Sharding,
     per_rank_graph,
     traced_module_and_sharding,
 )
-from chkpt_opt.simulate import simulate
-from chkpt_opt.solvers import get_solver, smallest_peak
-from chkpt_opt.whole_step import (
+from chkpt_opt.step_budget.whole_step import (
     OptimizerArg,
     StepProfile,
     StepSolveResult,
@@ -119,7 +119,8 @@ def plan(
             original's step time on it, and at 1.49x and 1.67x planned on measured times
             (``benchmarks/results/cuda/cuda_times.md``). On the CPU the estimate is kept
             by default, so the same model and budget give the same plan.
-        sharding: plan one rank of sharded training (:class:`chkpt_opt.sharding.Sharding`:
+        sharding: plan one rank of sharded training
+        (:class:`chkpt_opt.step_budget.sharding.Sharding`:
             FSDP2 or DDP, the world size); ``budget`` is then per rank and the example
             inputs one rank's local batch. None: read off a DDP-wrapped model, else one
             device. Plan a model before ``fully_shard`` (its sharded parameters cannot be

@@ -16,18 +16,18 @@ from typing import Any
 
 import torch
 
-from chkpt_opt.budget import Budget, StaticMemory, format_bytes
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced
 from chkpt_opt.measurement.timed_choice import TIMED_ROUNDS, fitting_layouts, with_timed_choice
 from chkpt_opt.measurement.timed_choice import describe as describe_timed_choice
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.schedule_io import save_schedule
-from chkpt_opt.sharding import Sharding, sharding_meta
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.schedule_io import save_schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult, get_solver
-from chkpt_opt.whole_step import unmet_budget_error
+from chkpt_opt.step_budget.budget import Budget, StaticMemory, format_bytes
+from chkpt_opt.step_budget.sharding import Sharding, sharding_meta
+from chkpt_opt.step_budget.whole_step import unmet_budget_error
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Plan:
         activation_budget_bytes: what the schedule may use in forward and backward.
         profile: the simulated memory timeline of the schedule.
         sharding: the sharding the budget is one rank's of (None: one device); ``graph``
-            is then the per-rank graph (:func:`chkpt_opt.sharding.per_rank_graph`).
+            is then the per-rank graph (:func:`chkpt_opt.step_budget.sharding.per_rank_graph`).
     """
 
     graph: CostGraph

@@ -32,9 +32,9 @@ from chkpt_opt.attachment.attached import AttachedForward, Attachment
 from chkpt_opt.attachment.call_key import CallKey
 from chkpt_opt.attachment.layerwise import LayerwiseAttachment, attach_layerwise
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
-from chkpt_opt.budget import Budget, parse_budget
-from chkpt_opt.sharding import Sharding
-from chkpt_opt.whole_step import OptimizerArg
+from chkpt_opt.step_budget.budget import Budget, parse_budget
+from chkpt_opt.step_budget.sharding import Sharding
+from chkpt_opt.step_budget.whole_step import OptimizerArg
 
 __all__ = [
     "AttachedForward",
@@ -103,8 +103,8 @@ def optimize(
             A backward that shows the loop holds them where plans counted them dropped is
             logged as a warning and planned for.
         sharding: plan one rank of sharded training (FSDP2 or DDP,
-            :class:`~chkpt_opt.sharding.Sharding`): ``budget`` is then per rank and every
-            call one rank's local batch.
+            :class:`~chkpt_opt.step_budget.sharding.Sharding`): ``budget`` is then per rank and
+            every call one rank's local batch.
         layerwise: run the model's own forward with the plan lowered to whole decoder
             layers checkpointed in place (:mod:`~chkpt_opt.attachment.layerwise`), so that
             per-layer hooks (FSDP2's ``fully_shard``) fire; planned at once from

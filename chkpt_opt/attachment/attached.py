@@ -41,7 +41,6 @@ from chkpt_opt.attachment.call_key import CallKey, call_key
 from chkpt_opt.attachment.held_outputs import dropping_outputs, watch, watched_positions
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
-from chkpt_opt.budget import Budget, format_bytes
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.errors import InfeasibleBudgetError, ScheduleError, TraceError
 from chkpt_opt.graphs.costgraph import CostGraph
@@ -49,10 +48,11 @@ from chkpt_opt.graphs.tracer import Traced
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.measurement import measure_traced, trace_and_measure
 from chkpt_opt.measurement.timed_choice import wanted
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.sharding import Sharding, per_rank_graph
-from chkpt_opt.simulate import simulate
-from chkpt_opt.whole_step import OptimizerArg, activation_budget
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.step_budget.budget import Budget, format_bytes
+from chkpt_opt.step_budget.sharding import Sharding, per_rank_graph
+from chkpt_opt.step_budget.whole_step import OptimizerArg, activation_budget
 
 log = logging.getLogger(__name__)
 

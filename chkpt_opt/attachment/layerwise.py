@@ -9,7 +9,7 @@ each chosen layer's ``forward`` runs under non-reentrant ``torch.utils.checkpoin
 inside the module call, so FSDP2's all-gather happens before the checkpoint and its
 recomputation replays the layer's compute alone, no collective.
 
-The plan is made for one rank (:mod:`chkpt_opt.sharding`) from example inputs, before
+The plan is made for one rank (:mod:`chkpt_opt.step_budget.sharding`) from example inputs, before
 ``fully_shard`` (a sharded model's DTensor parameters cannot be captured). The exact
 schedule is lowered with :func:`chkpt_opt.export.layers.lower_to_layers` (whole layers
 checkpointed, layers added until the budget is met), and the lowered schedule's peak and
@@ -29,15 +29,15 @@ import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs
-from chkpt_opt.budget import format_bytes
 from chkpt_opt.errors import BudgetError, InfeasibleBudgetError, ScheduleError
 from chkpt_opt.export.layers import Lowering, find_layers, lower_to_layers
 from chkpt_opt.export.sac import dispatched_ops, lower_to_sac, selective_policy
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners
-from chkpt_opt.region_replay import replayed_ops
-from chkpt_opt.schedule import Schedule, cacheable_ops
-from chkpt_opt.sharding import predicted_rank_peak_bytes
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.region_replay import replayed_ops
+from chkpt_opt.memory_model.schedule import Schedule, cacheable_ops
+from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.step_budget.budget import format_bytes
+from chkpt_opt.step_budget.sharding import predicted_rank_peak_bytes
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class LayerwiseAttachment:
         n_layers: the model's repeated layers.
         layer_paths: module paths of the layers checkpointed.
         predicted_peak_bytes: the whole step's predicted peak under what is attached
-            (under FSDP2: :func:`chkpt_opt.sharding.predicted_rank_peak_bytes`, FSDP2's
+            (under FSDP2: :func:`chkpt_opt.step_budget.sharding.predicted_rank_peak_bytes`, FSDP2's
             buffers placed in time).
         exact_plan_peak_bytes: the same prediction for the exact plan.
         schedule: what is attached, as a schedule of the plan's graph (one region per
@@ -273,9 +273,9 @@ def selective_layer_schedule(graph: CostGraph, schedule: Schedule) -> Schedule:
     ``schedule`` recomputes any op of, caching the layer's ops whose outputs ``schedule``
     keeps: ops outside its regions, its cached ops, and ops a later region or an op
     outside reads (a keep-set region keeps its inputs). Only ops a policy may cache are
-    cached (:func:`chkpt_opt.schedule.cacheable_ops`; views and the like are recomputed),
-    and only those the layer's recomputation reaches (it stops at its last saved tensor);
-    ops outside the layers are kept. A layer whose recomputation would take every
+    cached (:func:`chkpt_opt.memory_model.schedule.cacheable_ops`; views and the like are
+    recomputed), and only those the layer's recomputation reaches (it stops at its last saved
+    tensor); ops outside the layers are kept. A layer whose recomputation would take every
     cacheable op it reaches from the cache is left as it is."""
     order = ordered_nodes(graph)
     region_of = {n: k for k, region in enumerate(schedule.regions) for n in region}

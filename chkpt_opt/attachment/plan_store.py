@@ -17,8 +17,8 @@ import torch
 from chkpt_opt.errors import ChkptOptError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import graph_fingerprint
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.schedule_io import load_schedule
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.schedule_io import load_schedule
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import torch
 
 from chkpt_opt.attachment.call_key import CallKey
 from chkpt_opt.graphs.tracer.dynamic_dims import InputDims
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.memory_model.schedule import Schedule
 
 
 @dataclass(frozen=True)

@@ -143,8 +143,8 @@ def run_task(task: BenchTask) -> dict[str, Any]:
     """Solves one task and returns its CSV row (the schedule re-simulated)."""
     from chkpt_opt.graphs.costgraph import total_compute_s
     from chkpt_opt.graphs.io import load_graph
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.simulate import simulate
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.memory_model.simulate import simulate
     from chkpt_opt.solvers import get_solver
 
     graph = load_graph(task.graph_path)

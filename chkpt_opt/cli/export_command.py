@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chkpt_opt.budget import format_bytes
 from chkpt_opt.cli.output import EXIT_INFEASIBLE, EXIT_OK, emit
 from chkpt_opt.errors import ScheduleError
+from chkpt_opt.step_budget.budget import format_bytes
 
 if TYPE_CHECKING:
     from chkpt_opt.export.layers import Lowering
@@ -47,8 +47,8 @@ def over_budget_message(lowering: Lowering, schedule_path: Path, step_budget: ob
 
 def cmd_export(args: argparse.Namespace) -> int:
     from chkpt_opt.graphs.io import load_graph
-    from chkpt_opt.schedule_io import load_schedule
-    from chkpt_opt.sharding import per_rank_graph, sharding_from_meta
+    from chkpt_opt.memory_model.schedule_io import load_schedule
+    from chkpt_opt.step_budget.sharding import per_rank_graph, sharding_from_meta
 
     graph = load_graph(args.graph)
     loaded = load_schedule(args.schedule)

@@ -10,7 +10,6 @@ import argparse
 import sys
 from typing import Any
 
-from chkpt_opt.budget import format_bytes
 from chkpt_opt.cli.model_spec import load_model_spec
 from chkpt_opt.cli.output import (
     EXIT_INFEASIBLE,
@@ -21,13 +20,14 @@ from chkpt_opt.cli.output import (
     sharding_arg,
 )
 from chkpt_opt.errors import GraphFormatError
+from chkpt_opt.step_budget.budget import format_bytes
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from chkpt_opt.graphs.io import graph_fingerprint, save_graph
     from chkpt_opt.measurement import trace_and_measure
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.simulate import simulate
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.memory_model.simulate import simulate
 
     model, ex_args, ex_kwargs = load_model_spec(args.model)
     traced = trace_and_measure(
@@ -66,9 +66,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_solve(args: argparse.Namespace) -> int:
     from chkpt_opt.api import activation_budget
     from chkpt_opt.graphs.io import load_graph
-    from chkpt_opt.schedule_io import save_schedule
-    from chkpt_opt.sharding import per_rank_graph, sharding_meta
+    from chkpt_opt.memory_model.schedule_io import save_schedule
     from chkpt_opt.solvers import get_solver
+    from chkpt_opt.step_budget.sharding import per_rank_graph, sharding_meta
 
     sharding = sharding_arg(args)
     graph = load_graph(args.graph)
@@ -136,9 +136,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from chkpt_opt.graphs.io import load_graph
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.schedule_io import load_schedule
-    from chkpt_opt.simulate import simulate
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.memory_model.schedule_io import load_schedule
+    from chkpt_opt.memory_model.simulate import simulate
 
     graph = load_graph(args.graph)
     schedule = Schedule()
@@ -179,10 +179,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from chkpt_opt.graphs.costgraph import ordered_nodes
     from chkpt_opt.graphs.io import graph_fingerprint, load_graph, read_json
-    from chkpt_opt.schedule_io import load_schedule
+    from chkpt_opt.memory_model.schedule_io import load_schedule
 
     raw = read_json(args.file, what="file")
-    if isinstance(raw, dict) and raw.get("format") == "chkpt_opt.schedule":
+    if isinstance(raw, dict) and raw.get("format") == "chkpt_opt.memory_model.schedule":
         loaded = load_schedule(args.file)
         data = {
             "kind": "schedule",

@@ -7,7 +7,6 @@ import dataclasses
 import sys
 from typing import Any
 
-from chkpt_opt.budget import format_bytes
 from chkpt_opt.cli.model_spec import builder, call_builder, load_model_spec, normalize_built
 from chkpt_opt.cli.output import (
     EXIT_INFEASIBLE,
@@ -19,6 +18,7 @@ from chkpt_opt.cli.output import (
     sharding_arg,
 )
 from chkpt_opt.errors import ChkptOptError
+from chkpt_opt.step_budget.budget import format_bytes
 
 
 def _plan(args: argparse.Namespace, model: Any, ex_args: Any, ex_kwargs: Any, **extra: Any) -> Any:

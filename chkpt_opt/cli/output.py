@@ -43,10 +43,10 @@ def optimizer_arg(value: str) -> str | None:
 
 
 def sharding_arg(args: argparse.Namespace) -> Any:
-    """The :class:`~chkpt_opt.sharding.Sharding` of ``--world-size``/``--sharding``
+    """The :class:`~chkpt_opt.step_budget.sharding.Sharding` of ``--world-size``/``--sharding``
     (None without ``--world-size``; ``--sharding`` alone is refused)."""
     from chkpt_opt.errors import BudgetError
-    from chkpt_opt.sharding import Sharding
+    from chkpt_opt.step_budget.sharding import Sharding
 
     world = getattr(args, "world_size", None)
     if world is None:

@@ -30,7 +30,7 @@ from chkpt_opt.codegen.wrapped_call import wrapped_call
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule, check_schedule, innermost_regions, region_tree
+from chkpt_opt.memory_model.schedule import Schedule, check_schedule, innermost_regions, region_tree
 
 _CALLEE = "_chkpt_cached_callee_"
 """The name prefix of the attributes that hold cached ops' callees in flat bodies."""

@@ -1,7 +1,7 @@
-"""Codegen of a staged schedule (:mod:`chkpt_opt.staged`): the forward runs every op once
-under saved-tensor hooks, and a pre-hook on each stage's autograd node recomputes the
+"""Codegen of a staged schedule (:mod:`chkpt_opt.memory_model.staged`): the forward runs every op
+once under saved-tensor hooks, and a pre-hook on each stage's autograd node recomputes the
 stage's ops just before the node runs, holding each value as
-:func:`chkpt_opt.staged.sequence.lower_staged` (the simulator's reference) says.
+:func:`chkpt_opt.memory_model.staged.sequence.lower_staged` (the simulator's reference) says.
 
 :func:`~chkpt_opt.codegen.staged_plan.staged_plan` names, before anything runs, the
 instance of a storage each use takes. At run time (:class:`StagedScope`, its hooks pushed
@@ -52,7 +52,7 @@ from chkpt_opt.codegen.staged_run import StagedRun, unpack_staged
 from chkpt_opt.codegen.wrapped_call import wrapped_call
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.memory_model.schedule import Schedule
 
 _CALLEE = "_chkpt_staged_callee_"
 """The name prefix of the attributes that hold ops' callees in the staged body."""

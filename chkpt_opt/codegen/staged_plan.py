@@ -1,6 +1,6 @@
 """What the executor of a staged schedule (:mod:`chkpt_opt.codegen.staged`) reads, worked out
 from the graph and the schedule before anything runs: which instance of each storage every
-use takes, by the rule of :func:`chkpt_opt.staged.sequence.lower_staged` (the latest
+use takes, by the rule of :func:`chkpt_opt.memory_model.staged.sequence.lower_staged` (the latest
 instance computed before the use).
 
 An instance is ``(storage, j)``: made by recomputation step ``j`` (the steps of all stages,
@@ -14,8 +14,8 @@ and the step's outputs hold the forward's tensors as eager PyTorch does.
 
 Example:
     >>> from chkpt_opt.graphs.synthetic import chain_graph
-    >>> from chkpt_opt.schedule import Schedule
-    >>> from chkpt_opt.staged import staged_schedule
+    >>> from chkpt_opt.memory_model.schedule import Schedule
+    >>> from chkpt_opt.memory_model.staged import staged_schedule
     >>> g = chain_graph(3, activation_bytes=1000)  # n0 -> n1 -> n2, each saving its input
     >>> plan = staged_plan(g, Schedule(staged=staged_schedule(g, {"n2": ["n0", "n1"]})))
     >>> plan.steps, plan.stages, plan.reads[1]
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import ScheduleError, short
 from chkpt_opt.graphs.costgraph import CostGraph, storage_owners, storages_read
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.staged.rule import recomputed_storages
-from chkpt_opt.unpack.rule import rebuilt_storages
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.staged.rule import recomputed_storages
+from chkpt_opt.memory_model.unpack.rule import rebuilt_storages
 
 Key = tuple[str, int]
 """An instance of a storage: ``(storage, j)``, made by recomputation step ``j`` (``-1``: the

@@ -1,5 +1,5 @@
-"""Codegen of recompute on unpack (:mod:`chkpt_opt.unpack`): saved-tensor hooks that save a
-recipe instead of an unpacked op's output, and the rewrite that installs them.
+"""Codegen of recompute on unpack (:mod:`chkpt_opt.memory_model.unpack`): saved-tensor hooks that
+save a recipe instead of an unpacked op's output, and the rewrite that installs them.
 
 The rewrite (:func:`outline_unpack_scope`) moves the forward from the first unpacked op to
 its end into a body GraphModule called by an :class:`UnpackScope`, which runs it under

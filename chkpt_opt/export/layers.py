@@ -20,8 +20,8 @@ from typing import Any
 
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule, cut_positions
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions
+from chkpt_opt.memory_model.simulate import simulate
 
 _INDEXED = re.compile(r"^(?P<container>.+?)\.(?P<index>\d+)(?:\.|$)")
 

@@ -39,7 +39,7 @@ from chkpt_opt.codegen.runtime import saveable_kernel
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.export.layers import find_layers, refuse_staged
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.memory_model.schedule import Schedule
 
 
 @dataclass(frozen=True)

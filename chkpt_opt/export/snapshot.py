@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.schedule import Schedule
 
 _ALIGN = 512
 

@@ -53,7 +53,7 @@ optimizer state), ``device_type`` (where the model was traced: ``cpu``, ``cuda``
 ``torch_version``, ``cost_model``; optionally ``param_elements`` (for per-rank budgets in
 another dtype), ``region_overhead_s``, ``cached_region_overhead_s`` and
 ``cached_op_overhead_s`` (what regions cost beyond their ops:
-:mod:`chkpt_opt.region_replay`), ``workspace_model``
+:mod:`chkpt_opt.memory_model.region_replay`), ``workspace_model``
 (``measured-cuda`` where the kernel workspace the allocator holds beyond tensors was measured
 on the device and added to the workspace attributes) and ``grad_outputs`` (the outputs whose
 gradient the step seeds, where not all: a model's loss beside its logits).

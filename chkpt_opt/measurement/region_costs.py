@@ -20,7 +20,7 @@ none), and policies (the same regions caching one op each, in many small regions
 two large ones, which separates the per-region setup from the per-op dispatch).
 ``trace(..., profile_times=True)`` (and so ``plan``) stores the results in the graph
 (:func:`~chkpt_opt.measurement.driver.measure_traced`), where the simulator and the
-solvers' models count them (:mod:`chkpt_opt.region_replay`).
+solvers' models count them (:mod:`chkpt_opt.memory_model.region_replay`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.measurement.op_times import measure_forward_times
 from chkpt_opt.measurement.step import run_step
-from chkpt_opt.region_replay import policy_dispatches
-from chkpt_opt.schedule import Schedule, cacheable_ops, cut_positions
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.region_replay import policy_dispatches
+from chkpt_opt.memory_model.schedule import Schedule, cacheable_ops, cut_positions
+from chkpt_opt.memory_model.simulate import simulate
 
 LAYERS = 16
 """Layers of the measured chain (one region each)."""

@@ -39,9 +39,9 @@ from chkpt_opt.graphs.tracer import Traced
 from chkpt_opt.measurement.driver import MEASURED
 from chkpt_opt.measurement.module_state import preserved_state
 from chkpt_opt.measurement.step import time_step
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
 
 TIMED_ROUNDS = 5

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.deadline import Deadline
 
 INF_BYTES = 1 << 62
@@ -54,7 +54,7 @@ class SolveResult:
             backward, without the resident memory): ``simulate(graph, schedule).peak_bytes``.
         budget_bytes: the activation budget the solver was given (the same bytes; a
             whole-step budget minus the resident memory, see
-            :func:`chkpt_opt.budget.split_budget`).
+            :func:`chkpt_opt.step_budget.budget.split_budget`).
         solver: the solver's name.
         solve_s: wall-clock seconds spent solving.
         stats: solver-specific numbers (candidates tried, nodes explored, ...).

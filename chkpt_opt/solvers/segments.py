@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
-from chkpt_opt.schedule import cut_positions
+from chkpt_opt.memory_model.schedule import cut_positions
 
 
 def last_reads(graph: CostGraph) -> dict[str, int]:

@@ -67,9 +67,9 @@ def _rank_peaks(ids: torch.Tensor) -> dict[str, int]:
     from chkpt_opt.attachment.held_outputs import dropping_outputs
     from chkpt_opt.export.layers import find_layers
     from chkpt_opt.graphs.tracer.storage import StorageTracker
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.sharding import Sharding
-    from chkpt_opt.whole_step import static_memory_for
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.step_budget.sharding import Sharding
+    from chkpt_opt.step_budget.whole_step import static_memory_for
 
     batch = {"input_ids": ids, "labels": ids.clone(), "use_cache": False}
     sharding = Sharding(world_size=WORLD, strategy="ddp")

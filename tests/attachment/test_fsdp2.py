@@ -43,9 +43,9 @@ def _budget_bytes() -> tuple[int, int]:
     import chkpt_opt
     from chkpt_opt.attachment.held_outputs import dropping_outputs
     from chkpt_opt.export.layers import find_layers
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.sharding import Sharding, per_rank_graph, predicted_rank_peak_bytes
-    from chkpt_opt.whole_step import static_memory_for
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.step_budget.sharding import Sharding, per_rank_graph, predicted_rank_peak_bytes
+    from chkpt_opt.step_budget.whole_step import static_memory_for
 
     ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
     graph = chkpt_opt.trace(_model(), (), {"input_ids": ids, "labels": ids, "use_cache": False})
@@ -65,7 +65,7 @@ def _ranks_steps(rank: int, store: str, out: str, budget: int) -> None:
 
     import chkpt_opt
     from chkpt_opt.graphs.tracer.storage import ResizingStorageTracker
-    from chkpt_opt.sharding import Sharding
+    from chkpt_opt.step_budget.sharding import Sharding
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)

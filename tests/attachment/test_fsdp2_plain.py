@@ -56,9 +56,9 @@ def _stack_budget_bytes(x: torch.Tensor) -> tuple[int, int]:
     counted as the budget split's upper bound) and the predicted peak without a plan."""
     import chkpt_opt
     from chkpt_opt.export.layers import find_layers
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.sharding import Sharding, per_rank_graph, predicted_rank_peak_bytes
-    from chkpt_opt.whole_step import static_memory_for
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.step_budget.sharding import Sharding, per_rank_graph, predicted_rank_peak_bytes
+    from chkpt_opt.step_budget.whole_step import static_memory_for
 
     graph = chkpt_opt.trace(_Stack(), (x,))
     sharding = Sharding(world_size=WORLD)
@@ -80,9 +80,9 @@ def _mixed_precision_peaks(x: torch.Tensor) -> dict[str, int]:
     from chkpt_opt.attachment.layerwise import CheckpointedForward
     from chkpt_opt.export.layers import find_layers
     from chkpt_opt.graphs.tracer.storage import ResizingStorageTracker
-    from chkpt_opt.schedule import Schedule
-    from chkpt_opt.sharding import Sharding, per_rank_graph, predicted_rank_peak_bytes
-    from chkpt_opt.whole_step import static_memory_for
+    from chkpt_opt.memory_model.schedule import Schedule
+    from chkpt_opt.step_budget.sharding import Sharding, per_rank_graph, predicted_rank_peak_bytes
+    from chkpt_opt.step_budget.whole_step import static_memory_for
 
     x = x.to(torch.bfloat16)
     sharding = Sharding(WORLD, master_element_bytes=4)
@@ -112,7 +112,7 @@ def _stack_ranks(rank: int, store: str, out: str) -> None:
 
     import chkpt_opt
     from chkpt_opt.graphs.tracer.storage import ResizingStorageTracker
-    from chkpt_opt.sharding import Sharding
+    from chkpt_opt.step_budget.sharding import Sharding
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)

@@ -17,7 +17,7 @@ from chkpt_opt.attachment.held_outputs import (
 )
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.graphs.tracer.storage import StorageTracker
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.simulate import simulate
 from tests.attachment.tiny_models import tiny_llama
 
 transformers = pytest.importorskip("transformers")

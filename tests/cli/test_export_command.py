@@ -97,8 +97,8 @@ def test_a_per_rank_schedule_is_lowered_on_the_rank_graph(
     code, out, _ = run(capsys, "export", str(gpt_graph), str(schedule), "--target", "torchtitan")
     assert code == EXIT_OK, out
     from chkpt_opt import Sharding, load_graph, simulate
-    from chkpt_opt.schedule_io import load_schedule
-    from chkpt_opt.sharding import per_rank_graph
+    from chkpt_opt.memory_model.schedule_io import load_schedule
+    from chkpt_opt.step_budget.sharding import per_rank_graph
 
     code, out, _ = run(
         capsys, "export", str(gpt_graph), str(schedule), "--target", "torchtitan", "--json"

@@ -26,9 +26,9 @@ from chkpt_opt.measurement.timed_choice import (
     rounds_within,
     with_timed_choice,
 )
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
 
 transformers = pytest.importorskip("transformers")

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import smallest_peak
 
 

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import (
+from chkpt_opt.memory_model.schedule import (
     Schedule,
     cache_candidates,
     check_schedule,
     cut_positions,
 )
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 
 Span = tuple[int, int]
 

@@ -16,8 +16,8 @@ and :func:`revolve_forward_steps_recursive` checks it by the recursion over wher
 checkpoint goes: ``t(l, s) = min_j [j + t(l - j, s - 1) + t(j, s)]``.
 
 This is **not a registered solver**: such schedules need nested recompute regions, which the
-keep-set schedule model of :mod:`chkpt_opt.schedule` does not have yet (see the design's
-"Schedule" contract). :func:`revolve_reference` puts Revolve's extra compute next to the
+keep-set schedule model of :mod:`chkpt_opt.memory_model.schedule` does not have yet (see the
+design's "Schedule" contract). :func:`revolve_reference` puts Revolve's extra compute next to the
 optimum of our single-level model (``dp_chain``) at matching memory, on a homogeneous chain
 built by :func:`chkpt_opt.graphs.synthetic.chain_graph` (equal sizes and times, each op
 saving its input). Memory is matched in states: Revolve with ``s`` slots holds at most

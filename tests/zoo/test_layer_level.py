@@ -9,9 +9,9 @@ import pytest
 
 from chkpt_opt.corpus import generate_corpus
 from chkpt_opt.graphs.costgraph import check_graph, ordered_nodes
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.zoo.layer_level import (
     FLOPS_PER_S,
     LAYER_GRAPHS,

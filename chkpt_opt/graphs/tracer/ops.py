@@ -80,8 +80,8 @@ def is_random(node: torch.fx.Node, root: torch.nn.Module | None = None) -> bool:
     """Whether the op is a random op: an ATen op with the ``nondeterministic_seeded`` tag
     (attention whatever its dropout probability), a dropout module that drops, or a
     function or method by name. The cost graph records it, and no region caches such an op
-    (:func:`~chkpt_opt.schedule.cacheable_ops`); attention stays out of caches so, since a
-    cached composite attention is predicted above what it holds (on the quickstart's GPT,
+    (:func:`~chkpt_opt.memory_model.schedule.cacheable_ops`); attention stays out of caches so,
+    since a cached composite attention is predicted above what it holds (on the quickstart's GPT,
     18% above the measured peak). Whether an op really draws at run time, for the replay
     decision, is :func:`may_draw_random`."""
     target = node.target

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.frozen import frozen
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.auto.beyond import LOWEST_PEAK_SHARE, beyond_keep_set
 from chkpt_opt.solvers.auto.keep_set import NO_FIT_KEEP_SET_SHARE, keep_set_result
 from chkpt_opt.solvers.base import SolveResult

@@ -38,7 +38,7 @@ path's rules (explicit generators replayed through every level, batch-norm stati
 in-place state updates applied once per step, a model's writes to its inputs replayed into
 private copies, ``torch.compile`` of the eager module tracing each outermost region flat),
 and the hard-model, end-to-end and peer tests pass with it. The nested search does not
-nest on graphs that write state in place (:func:`~chkpt_opt.schedule.nesting_allowed`).
+nest on graphs that write state in place (:func:`~chkpt_opt.memory_model.schedule.nesting_allowed`).
 The compiled path runs one level of regions, with their cached ops: for a nested
 schedule ``Plan.for_compile`` solves the plan at the same budget with ``nesting=False``
 (keep-set stages, the rounding and the cached-op searches).

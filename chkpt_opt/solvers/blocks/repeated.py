@@ -29,7 +29,7 @@ from typing import Any
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
-from chkpt_opt.schedule import cut_positions
+from chkpt_opt.memory_model.schedule import cut_positions
 from chkpt_opt.solvers.interval.model import IntervalModel, Lifetime
 
 _BLOCK_KEY = re.compile(r"^((?:[^.]+\.)*?\d+)(?:\.|$)")

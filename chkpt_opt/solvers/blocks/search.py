@@ -35,8 +35,8 @@ from typing import Any
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.blocks.options import Option, OptionPool, chain_dp, polish, sweep_together
 from chkpt_opt.solvers.blocks.repeated import (

@@ -2,8 +2,8 @@
 
 The program of Jain et al. 2020 (Checkmate), written over a CostGraph: the step is cut
 into *stages*, one per forward op (its forward) and one per backward step (a ``bwd`` op of
-the keep-all op sequence of :func:`chkpt_opt.op_sequence.lower`, with its gradient sum).
-In stage ``t`` any forward op may be computed (``R``), and any storage may be alive at the
+the keep-all op sequence of :func:`chkpt_opt.memory_model.op_sequence.lower`, with its gradient
+sum). In stage ``t`` any forward op may be computed (``R``), and any storage may be alive at the
 stage's start (``S``). It chooses, per stage, which values are recomputed and which are
 kept, with no notion of regions: this is general rematerialization, a space that holds
 every schedule PyTorch executes here (keep-set regions, nested non-reentrant regions,
@@ -66,10 +66,10 @@ from chkpt_opt.graphs.costgraph import (
     storage_refs,
     storages_read,
 )
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.staged import recomputable_ops
-from chkpt_opt.staged.rule import stage_ops
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.staged import recomputable_ops
+from chkpt_opt.memory_model.staged.rule import stage_ops
 
 BACKENDS = {"scip": "SCIP", "highs": "HIGHS"}
 """MILP backends bundled with OR-Tools. SCIP reports a proven bound when it stops at its
@@ -192,9 +192,10 @@ def general_bound(
             forward stage runs its own op only, as eager autograd does. Every schedule
             PyTorch executes here recomputes nothing in the forward pass, so the program
             without stays a bound over all of them.
-        staged_rules: the rules of staged schedules (:mod:`chkpt_opt.staged`): a backward
-            stage (at :func:`~chkpt_opt.staged.rule.stage_ops` only) recomputes only
-            :func:`~chkpt_opt.staged.recomputable_ops` (a staged
+        staged_rules: the rules of staged schedules (:mod:`chkpt_opt.memory_model.staged`): a
+        backward
+            stage (at :func:`~chkpt_opt.memory_model.staged.rule.stage_ops` only) recomputes only
+            :func:`~chkpt_opt.memory_model.staged.recomputable_ops` (a staged
             recomputation re-creates every storage of the op that some op saves, as the
             program's own recomputations do).
             The optimum is then a bound over staged schedules only.

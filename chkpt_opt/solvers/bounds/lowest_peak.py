@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.engines.cpsat_engine import DEFAULT_FORMULATION, solve_lowest_peak
 from chkpt_opt.solvers.interval.judge import Outcome, judged, record_lowest

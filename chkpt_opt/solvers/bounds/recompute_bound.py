@@ -2,9 +2,9 @@
 
 The integer programs prove bounds over their own models, which are quadratic in the number
 of cut positions and too large to build or relax within seconds on graphs of 400 ops and
-more. This bound needs only the keep-all op sequence of :func:`chkpt_opt.op_sequence.lower`,
-and it holds for *every* schedule the lowering can express: keep-set regions, nested
-regions and cached ops alike.
+more. This bound needs only the keep-all op sequence of
+:func:`chkpt_opt.memory_model.op_sequence.lower`, and it holds for *every* schedule the lowering can
+express: keep-set regions, nested regions and cached ops alike.
 
 The argument, at one step ``p`` of the keep-all sequence (the same moment exists in every
 schedule: forward steps, the start of the backward pass, every backward and accumulate
@@ -64,8 +64,8 @@ from chkpt_opt.graphs.costgraph import (
     storage_refs,
 )
 from chkpt_opt.graphs.io import graph_to_dict
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 
 LP_TOLERANCE = 1e-7
@@ -269,7 +269,7 @@ def recompute_bound(
     steps_per_round: int = 4,
 ) -> RecomputeBound:
     """A lower bound on the extra compute of every schedule of ``graph`` that peaks at most
-    ``budget_bytes`` (activation bytes, as :func:`chkpt_opt.simulate.simulate` counts
+    ``budget_bytes`` (activation bytes, as :func:`chkpt_opt.memory_model.simulate.simulate` counts
     them); see the module docstring. A complete bound is remembered for its graph's
     content and budget (see :data:`MEMO_SIZE`); a later call returns it at once, with the
     ``solve_s`` of the call that solved it.

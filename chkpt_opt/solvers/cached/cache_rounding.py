@@ -12,7 +12,7 @@ Rounding makes regions of the runs of ops whose share exceeds a threshold (runs 
 ``gap`` ops apart merged, widened to allowed cuts), and also tries the graph's blocks
 (:func:`~chkpt_opt.solvers.blocks.repeated.find_blocks`) as regions; inside each region it
 caches the ops the LP keeps (share at most a second threshold) where a region may cache
-(:func:`~chkpt_opt.schedule.cache_candidates`), or the densest of them (forward seconds
+(:func:`~chkpt_opt.memory_model.schedule.cache_candidates`), or the densest of them (forward seconds
 per output byte) in fixed shares, or the longest prefix that fits the budget of them
 densest first and costliest first, found by bisection. The layouts tried first are the
 graph's repeated blocks and the model's own layers
@@ -49,8 +49,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule, cache_candidates, cut_positions
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule, cache_candidates, cut_positions
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, best_simulated, result_from_profile
 from chkpt_opt.solvers.blocks.repeated import find_blocks, layer_spans
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound

@@ -13,8 +13,8 @@ outermost region to the next allowed cut (taking in or giving out ops, the ops t
 cached or not), split a region right after one of its cached ops, or open a new region
 between two allowed cuts, or drop a region; and unpack or stop unpacking one op outside
 every region whose output ops outside every region save (recompute on unpack:
-:mod:`chkpt_opt.unpack`), or give ops out of a region unpacked. It searches from the warm
-start, then from it with its cheap ops worth unpacking unpacked and with all of them
+:mod:`chkpt_opt.memory_model.unpack`), or give ops out of a region unpacked. It searches from the
+warm start, then from it with its cheap ops worth unpacking unpacked and with all of them
 (:func:`unpacked_starts`), and keeps the best end. Each search stops when no neighbour is
 better (cheaper while fitting; while nothing fits, the most peak lowered per second of
 recompute added: :func:`best_move`) or at the time limit. The
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.graphs.frozen import frozen
-from chkpt_opt.replay_cost import recompute_s
-from chkpt_opt.schedule import (
+from chkpt_opt.memory_model.replay_cost import recompute_s
+from chkpt_opt.memory_model.schedule import (
     Schedule,
     cache_candidates,
     cacheable_ops,
@@ -48,12 +48,12 @@ from chkpt_opt.schedule import (
     check_schedule,
     cut_positions,
 )
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.unpack import unpack_candidates
 from chkpt_opt.solvers.base import SolveResult, lowest_ranked, rank, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep
 from chkpt_opt.solvers.registry import register
-from chkpt_opt.unpack import unpack_candidates
 
 
 def neighbours(
@@ -185,8 +185,8 @@ def best_move(
 
 
 def _above(cap_s: float) -> float:
-    """Just above ``cap_s``: :func:`~chkpt_opt.replay_cost.recompute_s` and the simulator
-    add the same times in different orders."""
+    """Just above ``cap_s``: :func:`~chkpt_opt.memory_model.replay_cost.recompute_s` and the
+    simulator add the same times in different orders."""
     return cap_s * (1 + 1e-9) + 1e-15
 
 
@@ -197,8 +197,8 @@ mean forward time of the graph's ops (pools, unpools, concats beside convolution
 
 def unpacked_starts(graph: CostGraph, schedule: Schedule) -> list[Schedule]:
     """``schedule`` with more ops unpacked: its cheap ops worth unpacking
-    (:func:`~chkpt_opt.unpack.unpack_candidates`, :data:`CHEAP_SHARE`), and every op worth
-    unpacking; and, where it has regions, no region and the cheap ops unpacked (the search
+    (:func:`~chkpt_opt.memory_model.unpack.unpack_candidates`, :data:`CHEAP_SHARE`), and every op
+    worth unpacking; and, where it has regions, no region and the cheap ops unpacked (the search
     then adds the regions it needs). Empty where no op is worth unpacking."""
     found = unpack_candidates(graph, _in_regions(schedule))
     if not found:

@@ -5,7 +5,7 @@ engine (:mod:`~chkpt_opt.solvers.engines.milp_engine`).
 Each candidate region span comes once as a keep-set region and once per set of its ops it
 may cache, so the program chooses the regions and, inside each, which ops'
 outputs are saved (``MUST_SAVE``) and which are recomputed, with the memory of every slot
-exactly as :func:`chkpt_opt.op_sequence.lower` counts it (the replay of a region with
+exactly as :func:`chkpt_opt.memory_model.op_sequence.lower` counts it (the replay of a region with
 cached ops step by step); every schedule it returns is simulated and must match the model
 (:func:`~chkpt_opt.solvers.interval.judge.judged`).
 

@@ -9,7 +9,7 @@ from itertools import pairwise
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
-from chkpt_opt.schedule import cut_positions
+from chkpt_opt.memory_model.schedule import cut_positions
 
 
 @dataclass(frozen=True)

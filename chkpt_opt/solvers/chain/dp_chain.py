@@ -2,7 +2,8 @@
 
 Beaumont et al. ("Optimal checkpointing for heterogeneous chains", 2019) solve rotor's
 multi-level model on a chain by dynamic programming; this module does the same for the
-keep-set schedule model of :mod:`chkpt_opt.schedule`, with the memory of every slot exactly as
+keep-set schedule model of :mod:`chkpt_opt.memory_model.schedule`, with the memory of every slot
+exactly as
 :mod:`chkpt_opt.solvers.interval.model` (and so the simulator) counts it.
 
 **Chain.** The graph is cut at a set of allowed cut positions ``0 = c_0 < c_1 < ... < c_m = n``
@@ -73,8 +74,8 @@ import numpy as np
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import (
     INF_BYTES,
     SolveResult,

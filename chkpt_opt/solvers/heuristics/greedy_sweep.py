@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.segments import candidate_cuts, spans_between

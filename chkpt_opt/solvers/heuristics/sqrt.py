@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, result_from_profile
 from chkpt_opt.solvers.registry import register
 from chkpt_opt.solvers.segments import candidate_cuts, spans_between

@@ -4,8 +4,8 @@ the chain DP and the block solver read about a graph.
 A keep-set schedule is a set of disjoint recompute regions, each an interval between two
 allowed cut positions. :mod:`~chkpt_opt.solvers.interval.model` holds what such a schedule
 costs and keeps at every slot, derived from the op sequence of
-:func:`chkpt_opt.op_sequence.lower`; :mod:`~chkpt_opt.solvers.interval.builder` builds it,
-with the cache columns of :mod:`~chkpt_opt.solvers.interval.cache_columns` (a span once
+:func:`chkpt_opt.memory_model.op_sequence.lower`; :mod:`~chkpt_opt.solvers.interval.builder` builds
+it, with the cache columns of :mod:`~chkpt_opt.solvers.interval.cache_columns` (a span once
 more per set of ops it may cache); :mod:`~chkpt_opt.solvers.interval.program` states the
 0/1 program any engine solves; :mod:`~chkpt_opt.solvers.interval.prepare` gets a graph ready
 for it; :mod:`~chkpt_opt.solvers.interval.judge` simulates every schedule an engine returns.

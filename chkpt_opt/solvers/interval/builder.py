@@ -1,5 +1,5 @@
 """Builds the interval model of a graph (:mod:`chkpt_opt.solvers.interval.model` says what
-it holds), one pass per quantity, following :mod:`chkpt_opt.op_sequence` exactly."""
+it holds), one pass per quantity, following :mod:`chkpt_opt.memory_model.op_sequence` exactly."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from chkpt_opt.graphs.costgraph import (
     storage_owners,
     storage_refs,
 )
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.region_replay import replayed_ops
-from chkpt_opt.schedule import Schedule, cut_positions
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.region_replay import replayed_ops
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.interval.cache_columns import CacheColumns
 from chkpt_opt.solvers.interval.model import Holder, Interval, IntervalModel, Lifetime

@@ -3,11 +3,11 @@ may cache (a selective-checkpoint ``MUST_SAVE``), so that the integer programs c
 per-op save or recompute decisions inside one level of regions.
 
 A column is an :class:`~chkpt_opt.solvers.interval.model.Interval` with ``cached`` set. It
-follows :func:`chkpt_opt.op_sequence.lower` exactly:
+follows :func:`chkpt_opt.memory_model.op_sequence.lower` exactly:
 
 * its recompute time leaves out the cached ops (the recomputation takes their outputs from
   the cache) and adds what its selective-checkpoint policy costs
-  (:func:`chkpt_opt.region_replay.policy_cost_s`);
+  (:func:`chkpt_opt.memory_model.region_replay.policy_cost_s`);
 * its replay runs the other ops of the replayed prefix; a cached op allocates nothing and
   reads nothing there;
 * a cached op's storages live from the forward pass until the recomputation takes them
@@ -49,8 +49,8 @@ from chkpt_opt.graphs.costgraph import (
     storage_owners,
     storage_refs,
 )
-from chkpt_opt.region_replay import policy_cost_s, replayed_ops
-from chkpt_opt.schedule import Schedule, cacheable_ops, caching_allowed
+from chkpt_opt.memory_model.region_replay import policy_cost_s, replayed_ops
+from chkpt_opt.memory_model.schedule import Schedule, cacheable_ops, caching_allowed
 from chkpt_opt.solvers.interval.model import Interval
 
 CACHE_MODES = ("none", "ranked", "subsets")

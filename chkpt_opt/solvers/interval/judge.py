@@ -13,8 +13,8 @@ from typing import Any
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.model import IntervalModel

@@ -2,9 +2,9 @@
 
 A keep-set schedule is a set of disjoint recompute regions, each an interval ``[a, b)`` of the
 execution order whose ends are allowed cut positions. This module precomputes, from the graph
-alone and following the rules of :mod:`chkpt_opt.op_sequence` exactly, everything the memory and
-compute of such a schedule depend on, so that a schedule becomes a choice of intervals and its
-memory a linear function of that choice:
+alone and following the rules of :mod:`chkpt_opt.memory_model.op_sequence` exactly, everything the
+memory and compute of such a schedule depend on, so that a schedule becomes a choice of intervals
+and its memory a linear function of that choice:
 
 * **slots**: a fixed timeline shared by every schedule: the forward steps, ``bwd_start``, then
   for each backward op (reverse order) a ``recompute`` slot (only for ops that can trigger a
@@ -12,10 +12,10 @@ memory a linear function of that choice:
   lowered schedule maps to one slot; the recompute steps of a replay map to the recompute slot
   of the trigger, whose bytes are the peak over those steps.
 * **intervals**: every candidate region with its recompute cost (the forward time of the ops
-  its replay runs, :func:`chkpt_opt.region_replay.replayed_ops`: from its start up to its last op
-  with ``n_saved > 0``, that op included only if it saves one of its own storages; a region is
-  replayed only if it has a trigger, an op with ``n_saved > 0`` and a backward), the slot of
-  its replay, the peak bytes of that replay, the recomputed storages it holds after the
+  its replay runs, :func:`chkpt_opt.memory_model.region_replay.replayed_ops`: from its start up to
+  its last op with ``n_saved > 0``, that op included only if it saves one of its own storages; a
+  region is replayed only if it has a trigger, an op with ``n_saved > 0`` and a backward), the slot
+  of its replay, the peak bytes of that replay, the recomputed storages it holds after the
   replay, and its *release*: the slot until which it keeps its inputs (the latest
   ``kept_until`` of its packers; its last forward op when it has none).
 * **lifetimes**: every forward storage whose end depends on the schedule. It lives from its
@@ -60,8 +60,8 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import ScheduleError, SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import cut_positions
+from chkpt_opt.memory_model.schedule import cut_positions
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.model import IntervalModel
 from chkpt_opt.solvers.interval.program import IntervalProgram, build_program

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule, cut_positions
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions
 from chkpt_opt.solvers.base import SolveResult, best_simulated, result_from_profile
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline

@@ -26,7 +26,7 @@
 from __future__ import annotations
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import cut_positions
+from chkpt_opt.memory_model.schedule import cut_positions
 from chkpt_opt.solvers.blocks.repeated import find_blocks
 from chkpt_opt.solvers.chain.cuts import is_chain
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule, cut_positions
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.keepset.choice import count_schedules

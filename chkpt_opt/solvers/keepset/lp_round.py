@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, keep_all_result, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.engines.lp_engine import INFEASIBLE, OPTIMAL, LpRelaxation, lp_bound_s

@@ -47,7 +47,7 @@ from typing import Any
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.base import SolveResult, best_of, keep_all_result, result_from_profile
 from chkpt_opt.solvers.bounds.lowest_peak import with_lowest_peak
 from chkpt_opt.solvers.bounds.reductions import cost_cap, reduced_cost_fixing, restrict

@@ -6,8 +6,8 @@ cheapest multi-level schedule of a heterogeneous chain by a recurrence over span
 memory: a span's backward is either everything stored, or a first part kept as a checkpoint
 while the rest is solved with less memory, then the first part solved with its own memory.
 This module does the same for the schedules that PyTorch's nested non-reentrant checkpoints
-execute, with the memory of every step exactly as :func:`chkpt_opt.op_sequence.lower` (and
-so the simulator) counts it: gradients alive, what plain ops save, what a checkpoint holds,
+execute, with the memory of every step exactly as :func:`chkpt_opt.memory_model.op_sequence.lower`
+(and so the simulator) counts it: gradients alive, what plain ops save, what a checkpoint holds,
 the inputs of nested regions held while they run, replays outer-first with their early
 stop, the tail of backward steps before a replay. The
 recurrence is :mod:`~chkpt_opt.solvers.nested.recurrence`; the chain's facts
@@ -92,8 +92,8 @@ from typing import Any
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, region_overhead_s
-from chkpt_opt.schedule import Schedule, check_schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule, check_schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import (
     INF_BYTES,
     SolveResult,

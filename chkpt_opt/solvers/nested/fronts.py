@@ -50,8 +50,8 @@ def run_peak(
 ) -> int:
     """The largest bytes of region ``[start, stop)`` with child regions ``plan`` running as
     a checkpoint: every op runs, and each nested region's input is held by its caller's
-    code until the nested region returns (see :func:`chkpt_opt.op_sequence.lower`), on top
-    of what its ops need; a unit running one of its ``options`` runs with that option's
+    code until the nested region returns (see :func:`chkpt_opt.memory_model.op_sequence.lower`), on
+    top of what its ops need; a unit running one of its ``options`` runs with that option's
     regions nested (never below its plain run). ``memo`` caches it per region and plan."""
     key = (start, stop, plan)
     if key in memo:

@@ -1,8 +1,8 @@
 """The dynamic program of :mod:`chkpt_opt.solvers.nested.dp_nested` over a simple chain
 (:mod:`chkpt_opt.solvers.nested.unit_chain`) or a chain of blocks
 (:mod:`chkpt_opt.solvers.nested.separator_chain`): rotor's recurrence, with the memory of every
-step as :func:`chkpt_opt.op_sequence.lower` counts it. Below, an op is a unit of the chain
-(a block's own tail before its last packer runs before the replay, with the tail).
+step as :func:`chkpt_opt.memory_model.op_sequence.lower` counts it. Below, an op is a unit of the
+chain (a block's own tail before its last packer runs before the replay, with the tail).
 
 **Frames.** The top frame runs the forward pass; a region's frame is its replay. Either
 one is a partition of its span into *pieces*: plain ops (they save what their backward
@@ -39,8 +39,8 @@ memoized per frame over ranges of ``m`` (a plan that is optimal for ``m`` and pe
 **Runs.** A region also *runs* inside enclosing runs: in the forward pass and in each
 outer replay that reaches it, as a checkpoint holding nothing, its ops one after another,
 while the code calling each region nested in it holds that region's input until it returns
-(:func:`chkpt_opt.op_sequence.lower`). What a run needs above its caller's bytes and its
-own input (``FrameResult.run_peak``) depends on the region's plan, so a frame is also given
+(:func:`chkpt_opt.memory_model.op_sequence.lower`). What a run needs above its caller's bytes and
+its own input (``FrameResult.run_peak``) depends on the region's plan, so a frame is also given
 its *run room* ``r``, the least room of the runs it takes part in, and its plan must fit
 it. Frames are memoized over boxes of (budget, run room); a room that turned nothing away,
 here or in the regions inside, holds for any larger room

@@ -12,7 +12,7 @@ saving what its backward needs (the forward pass, a replay), its run inside a ch
 the op whose backward triggers a replay on; the steps before that op, which run before
 the replay). A simple chain's unit has one step of each and
 :mod:`~chkpt_opt.solvers.nested.unit_chain` writes its bytes down; a block has many, so they are
-read off the op sequence of :func:`chkpt_opt.op_sequence.lower` (the one memory model)
+read off the op sequence of :func:`chkpt_opt.memory_model.op_sequence.lower` (the one memory model)
 for two schedules: keep-all (forward, replay and backward steps) and one region over the
 whole graph (runs). At each step of a unit's window the bytes alive are what the units
 before it keep (the DP's kept bytes: :func:`separator_chain` checks them against the op
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_owners, storage_refs
-from chkpt_opt.op_sequence import Step, lower
-from chkpt_opt.schedule import Schedule, cut_positions, nesting_allowed
-from chkpt_opt.simulate import step_bytes
+from chkpt_opt.memory_model.op_sequence import Step, lower
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions, nesting_allowed
+from chkpt_opt.memory_model.simulate import step_bytes
 from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.nested.unit_chain import NestedChain, positions
 from chkpt_opt.solvers.segments import last_reads
@@ -73,7 +73,7 @@ class Timeline:
 
 
 def timeline(steps: list[Step]) -> Timeline:
-    """The bytes of every step, as :func:`chkpt_opt.simulate.simulate` counts them."""
+    """The bytes of every step, as :func:`chkpt_opt.memory_model.simulate.simulate` counts them."""
     born: dict[str, int] = {}
     dies: dict[str, int] = {}
     during: list[int] = []

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule, check_schedule, nesting_allowed
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule, check_schedule, nesting_allowed
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register

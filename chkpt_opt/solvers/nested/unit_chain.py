@@ -1,6 +1,6 @@
 """The chain that :mod:`chkpt_opt.solvers.nested.dp_nested` plans nested schedules on: per-op facts
 read off the graph, the schedule-independent bytes of every step of the op sequence, and
-the conversion between plans (region trees) and :class:`~chkpt_opt.schedule.Schedule`.
+the conversion between plans (region trees) and :class:`~chkpt_opt.memory_model.schedule.Schedule`.
 
 A *simple chain* is a chain of *units*, each an op that owns one output storage, followed
 by the view ops that alias that output (``flatten`` before a classifier head). The first op
@@ -11,8 +11,8 @@ gradient on as a view and have no workspace; every op runs a backward that produ
 gradients, and the one step output is the last op (which owns it). Regions begin and end
 at unit boundaries. Synthetic chains, the deep linear+ReLU chain and the VGG-like conv nets
 of the zoo are simple chains. On such a chain, the op sequence of
-:func:`chkpt_opt.op_sequence.lower` has, at every step, schedule-independent bytes (this
-module) plus the activations the schedule holds (the DP):
+:func:`chkpt_opt.memory_model.op_sequence.lower` has, at every step, schedule-independent bytes
+(this module) plus the activations the schedule holds (the DP):
 
 * forward step of unit ``i``: its forward workspace and the buffers it allocates (``w``);
 * ``bwd_start``: the step output and its gradient (``CB``), alive to the end of the step;
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, edge_uses, ordered_nodes, storage_owners
-from chkpt_opt.schedule import Schedule, cut_positions, region_tree
+from chkpt_opt.memory_model.schedule import Schedule, cut_positions, region_tree
 from chkpt_opt.solvers.base import INF_BYTES
 
 Plan = tuple[tuple, ...]
@@ -117,7 +117,7 @@ class NestedChain:
             with instead of plain (empty: none; :mod:`~chkpt_opt.solvers.nested.unit_options`).
         region_s: seconds every region costs beyond recomputing its ops, at any level
             (the graph's ``region_overhead_s``, charged once per region as
-            :func:`~chkpt_opt.simulate.simulate` charges it).
+            :func:`~chkpt_opt.memory_model.simulate.simulate` charges it).
     """
 
     n: int

@@ -16,7 +16,7 @@ and hold their inputs while they run (``UnitOption.w_run``).
 (:class:`~chkpt_opt.solvers.blocks.options.OptionPool`; identical repeated blocks are solved
 once), swept over caps on the block's own peak and kept bytes. Their worth in the DP is not
 taken from that program's model: **every option's bytes are read off the op sequence** of
-:func:`chkpt_opt.op_sequence.lower`, one lowering per round, with the round's option in
+:func:`chkpt_opt.memory_model.op_sequence.lower`, one lowering per round, with the round's option in
 every block that has one. A block's own bytes do not depend on what the other blocks run
 (only its input crosses into it), and what each block before it keeps is checked against
 what the DP counts, as :func:`~chkpt_opt.solvers.nested.separator_chain.separator_chain` does for
@@ -49,8 +49,8 @@ from chkpt_opt.graphs.costgraph import (
     storage_owners,
     storage_refs,
 )
-from chkpt_opt.op_sequence import lower
-from chkpt_opt.schedule import Schedule
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.solvers.blocks.options import OptionPool
 from chkpt_opt.solvers.blocks.repeated import fold_shared_lifetimes, make_blocks, split_model
 from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded

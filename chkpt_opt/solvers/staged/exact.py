@@ -5,8 +5,8 @@ decisions, without recomputation in the forward pass (eager autograd runs none),
 rules of staged schedules: what a stage may recompute and what a recomputation re-creates
 (``staged_rules``). Its memory rows count only what is alive in every execution of a
 stage's decisions, so its optimum is a lower bound, and the schedule it returns may peak
-above the budget in the op sequence (:func:`chkpt_opt.staged.sequence.lower_staged`): every
-schedule is simulated, and where it peaks above, the program is solved again at a budget
+above the budget in the op sequence (:func:`chkpt_opt.memory_model.staged.sequence.lower_staged`):
+every schedule is simulated, and where it peaks above, the program is solved again at a budget
 lowered by the excess, until one fits or the time is up (``stats["rounds"]``).
 
 **Bound.** The program without the staged rules (any op may be recomputed, and re-creates
@@ -20,14 +20,14 @@ gives both. ``optimal`` means the schedule's recompute
 time meets that bound: optimal over every schedule PyTorch executes here.
 
 **Warm start.** The caller's schedule (``warm_start``: any form, taken as the staged
-schedule recomputing the same ops, :func:`~chkpt_opt.staged.translate.as_staged`) is the
-program's hint and the result where nothing better fits. Graphs above ``max_ops`` ops are
+schedule recomputing the same ops, :func:`~chkpt_opt.memory_model.staged.translate.as_staged`) is
+the program's hint and the result where nothing better fits. Graphs above ``max_ops`` ops are
 refused: the program has a binary per op and stage (36 000 on 190 ops).
 
 Example:
     >>> from chkpt_opt.graphs.synthetic import chain_graph
-    >>> from chkpt_opt.simulate import simulate
-    >>> from chkpt_opt.schedule import Schedule
+    >>> from chkpt_opt.memory_model.simulate import simulate
+    >>> from chkpt_opt.memory_model.schedule import Schedule
     >>> g = chain_graph(6, activation_bytes=1000)
     >>> r = StagedSolver()(g, int(simulate(g, Schedule()).peak_bytes * 0.8), time_limit_s=10)
     >>> r.status.value, r.schedule.staged != ()
@@ -42,15 +42,15 @@ from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
+from chkpt_opt.memory_model.staged import recomputable_ops, staged_schedule
+from chkpt_opt.memory_model.staged.rule import stage_ops
+from chkpt_opt.memory_model.staged.translate import as_staged
 from chkpt_opt.solvers.base import SolveResult, SolveStatus, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.bounds.general_milp import GeneralBound, general_bound
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.registry import register
-from chkpt_opt.staged import recomputable_ops, staged_schedule
-from chkpt_opt.staged.rule import stage_ops
-from chkpt_opt.staged.translate import as_staged
 
 DEFAULT_MAX_OPS = 120
 MAX_ROUNDS = 8

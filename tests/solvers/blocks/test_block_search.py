@@ -13,8 +13,8 @@ from ortools.sat.python import cp_model
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver
 from chkpt_opt.solvers.blocks import options
 from chkpt_opt.solvers.blocks.options import OptionPool

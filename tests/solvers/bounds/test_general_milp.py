@@ -14,8 +14,8 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.bounds.general_milp import general_bound
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from tests.general_schedules import random_general_schedule

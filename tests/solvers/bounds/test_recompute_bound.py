@@ -13,8 +13,8 @@ import pytest
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver, smallest_peak
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.deadline import Deadline

@@ -11,8 +11,8 @@ import pytest
 
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import random_dag
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import auto, get_solver
 from chkpt_opt.solvers.auto import keep_set
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound

@@ -29,8 +29,8 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, check_graph, new_graph, node_attrs, ordered_nodes
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, available_solvers, get_solver
 from chkpt_opt.solvers.chain.dp_chain import ChainModel, run_dp
 from chkpt_opt.solvers.engines.cpsat_engine import build_cp_model, make_solver

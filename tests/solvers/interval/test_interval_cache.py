@@ -12,8 +12,8 @@ from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import check_schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import check_schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.interval.cache_columns import CacheColumns
 from chkpt_opt.solvers.interval.model import simulator_slot_bytes

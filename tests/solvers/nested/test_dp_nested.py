@@ -15,8 +15,8 @@ from chkpt_opt import zoo
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph, new_graph, node_attrs, ordered_nodes
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.nested.dp_nested import _stages, predict
 from tests.conftest import assert_valid_result, deep_chain_at_three_quarters

@@ -12,8 +12,8 @@ import pytest
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.synthetic import random_dag
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.nested.dp_nested import SEPARATOR_SPACE, predict

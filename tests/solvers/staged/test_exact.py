@@ -12,12 +12,12 @@ import pytest
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph
-from chkpt_opt.schedule import Schedule
-from chkpt_opt.simulate import simulate
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.memory_model.staged import recomputable_ops, staged_schedule
 from chkpt_opt.solvers import SolveStatus, get_solver
-from chkpt_opt.staged import recomputable_ops, staged_schedule
+from tests.memory_model.test_unpack_sequence import _two_savers, chain_of_two
 from tests.solvers.bounds.test_general_milp import _mini_segnet
-from tests.test_unpack_sequence import _two_savers, chain_of_two
 
 GRAPHS = {
     "chain4": lambda: chain_graph(4, activation_bytes=[300, 100, 200, 50], fwd_time_s=[1, 3, 2, 4]),
