@@ -3,6 +3,9 @@ seconds for judging the result), with the best it has and an honest status."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver, smallest_peak
 from chkpt_opt.solvers.bounds.lowest_peak import lowest_peak
-from chkpt_opt.solvers.deadline import GRACE_S, Deadline, DeadlineExceeded, run_within
+from chkpt_opt.solvers.deadline import GRACE_S, NO_DEADLINE, Deadline, run_child, run_stoppable
 from chkpt_opt.solvers.engines import milp_engine
 from chkpt_opt.solvers.engines.cpsat_engine import run_cp, solve_cp
 from chkpt_opt.solvers.interval.builder import build_interval_model
@@ -26,6 +29,14 @@ from chkpt_opt.solvers.nested.dp_nested import chain_of
 from chkpt_opt.solvers.nested.unit_options import with_options
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
+
+
+def child_pids() -> list[int]:
+    """The process ids of this process's children, reaped or not (Linux)."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    return [int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()]
+
+
 LIMIT_S = 6.0
 SLACK_S = 5.0
 ENGINE_LIMIT_S = 3.0
@@ -46,50 +57,79 @@ def test_solvers_return_within_their_time_limit_on_a_586_op_graph(solver: str) -
         assert simulate(graph, result.schedule).peak_bytes <= int(0.3 * keep_all)
 
 
-def test_run_within_returns_the_value_and_raises_the_error_of_a_call_that_ends_in_time() -> None:
+def test_run_stoppable_returns_the_value_and_raises_the_error_of_a_call_that_ends_in_time() -> None:
     deadline = Deadline.after(5.0)
-    assert run_within(deadline, lambda: 7, what="a quick call") == 7
+    never = threading.Event()
+    assert run_stoppable(deadline, lambda: 7, stop=never.set, what="a quick call") == 7
     with pytest.raises(ZeroDivisionError):
-        run_within(deadline, lambda: 1 / 0, what="a failing call")
-    assert run_within(Deadline.after(None), lambda: "no limit", what="a call") == "no limit"
+        run_stoppable(deadline, lambda: 1 / 0, stop=never.set, what="a failing call")
+    assert run_stoppable(NO_DEADLINE, lambda: "no limit", stop=never.set, what="a call") == (
+        "no limit"
+    )
+    assert not never.is_set()
+    assert not [t for t in threading.enumerate() if t.name.startswith("chkpt_opt")]
 
 
-def test_run_within_leaves_a_call_that_overruns_its_deadline() -> None:
+def test_run_stoppable_stops_a_call_that_overruns_its_deadline_and_leaves_no_thread() -> None:
+    stopped = threading.Event()
     start = time.perf_counter()
-    with pytest.raises(DeadlineExceeded, match="a slow call was still running"):
-        run_within(Deadline.after(0.2), lambda: time.sleep(3.0), what="a slow call", grace_s=0.2)
-    assert time.perf_counter() - start < 1.5
+    value = run_stoppable(
+        Deadline.after(0.2),
+        lambda: stopped.wait(30.0),  # a solve that returns once told to stop
+        stop=stopped.set,
+        what="a slow call",
+        grace_s=0.2,
+    )
+    assert value is True and time.perf_counter() - start < 1.5
+    assert not [t for t in threading.enumerate() if t.name.startswith("chkpt_opt")]
 
 
-def test_a_milp_solve_that_overruns_the_deadline_is_left_with_an_honest_status(
+def test_run_child_kills_a_child_that_overruns_its_deadline() -> None:
+    start = time.perf_counter()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    assert run_child(Deadline.after(0.3), sleeper, b"", what="a slow child", grace_s=0.2) is None
+    assert time.perf_counter() - start < 3.0
+    assert not child_pids()
+    echo = [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read())"]
+    assert run_child(Deadline.after(30.0), echo, b"abc", what="an echo") == b"abc"
+
+
+def test_a_milp_solve_that_overruns_the_deadline_is_killed_with_an_honest_status(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     graph = chain_graph(8, activation_bytes=1000)
     program = build_program(build_interval_model(graph))
-
-    def slow_run(*args: object, **kwargs: object) -> int:
-        time.sleep(3.0)  # a backend that ignores its time limit, releasing the GIL
-        raise AssertionError("the solve was waited for past its deadline")
-
-    monkeypatch.setattr(milp_engine, "run_milp", slow_run)
+    # a HiGHS that ignores its time limit (it checks it only between presolve steps)
+    monkeypatch.setattr(milp_engine, "_HIGHS_CHILD", "import time; time.sleep(30)")
     start = time.perf_counter()
     outcome = milp_engine.solve_milp(program, 6000, deadline=Deadline.after(0.3))
-    assert time.perf_counter() - start < 0.3 + GRACE_S + 0.5
+    assert time.perf_counter() - start < 0.3 + GRACE_S + 1.0
     assert outcome.chosen is None and not outcome.proven_optimal
-    assert outcome.stats["milp_left_at_deadline"] is True
+    assert outcome.stats["milp_killed_at_deadline"] is True
     assert outcome.stats["milp_status"] == "NOT_SOLVED"
 
 
-def test_a_cp_sat_solve_that_overruns_the_deadline_is_stopped_and_left() -> None:
+@pytest.mark.parametrize("backend", ["highs", "scip"])
+def test_a_milp_solve_in_time_is_proven_by_either_backend(backend: str) -> None:
+    graph = chain_graph(8, activation_bytes=1000)
+    program = build_program(build_interval_model(graph))
+    # keep-all peaks at 10,000 bytes, the lowest peak is 5,000
+    outcome = milp_engine.solve_milp(program, 7000, backend=backend, deadline=Deadline.after(30.0))
+    assert outcome.proven_optimal and outcome.chosen  # a region at least
+    assert not child_pids()
+
+
+def test_a_cp_sat_solve_that_overruns_the_deadline_is_stopped_and_waited_for() -> None:
     class SlowSolver:  # a presolve step that checks no limit, releasing the GIL
-        stopped = False
+        def __init__(self) -> None:
+            self.stopped = threading.Event()
 
         def solve(self, model: object) -> int:
-            time.sleep(3.0)
-            raise AssertionError("the solve was waited for past its deadline")
+            self.stopped.wait(30.0)
+            return cp_model.UNKNOWN
 
         def stop_search(self) -> None:
-            self.stopped = True
+            self.stopped.set()
 
     solver = SlowSolver()
     model = cp_model.CpModel()
@@ -97,7 +137,8 @@ def test_a_cp_sat_solve_that_overruns_the_deadline_is_stopped_and_left() -> None
     deadline = Deadline.after(0.3)
     status = run_cp(solver, model, deadline=deadline, what="a slow solve")  # type: ignore[arg-type]
     assert time.perf_counter() - start < 0.3 + GRACE_S + 0.5
-    assert status is None and solver.stopped
+    assert status == cp_model.UNKNOWN and solver.stopped.is_set()
+    assert not [t for t in threading.enumerate() if t.name.startswith("chkpt_opt")]
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from chkpt_opt.errors import SolverError
+
+log = logging.getLogger(__name__)
 
 
 class DeadlineExceeded(SolverError):
@@ -58,6 +63,13 @@ class Deadline:
         """The deadline at ``fraction`` of this limit, from the same start."""
         return Deadline(self.start, None if self.limit_s is None else fraction * self.limit_s)
 
+    def capped(self, limit_s: float | None) -> Deadline:
+        """The earlier of this deadline and ``limit_s`` seconds from now (None: this one)."""
+        if limit_s is None:
+            return self
+        left = self.remaining_s()
+        return Deadline.after(limit_s if left is None else min(limit_s, left))
+
     def check(self, what: str) -> None:
         """Raises :class:`DeadlineExceeded`, naming ``what`` was cut short, once expired."""
         if self.expired():
@@ -70,47 +82,111 @@ class Deadline:
 NO_DEADLINE = Deadline(0.0, None)
 """A deadline that never expires."""
 
+
+@contextlib.contextmanager
+def stage(name: str, deadline: Deadline, seconds: dict[str, float] | None = None) -> Iterator[None]:
+    """Logs the start and the end of planning stage ``name`` at INFO, with its seconds and
+    what is left of ``deadline``, and adds its seconds to ``seconds[name]``."""
+    left = deadline.remaining_s()
+    log.info(
+        "planning: %s started (%s)",
+        name,
+        "no time limit" if left is None else f"{left:.1f} s of {deadline.limit_s:g} s left",
+    )
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        took_s = time.perf_counter() - start
+        if seconds is not None:
+            seconds[name] = seconds.get(name, 0.0) + took_s
+        log.info("planning: %s finished in %.2f s", name, took_s)
+
+
 GRACE_S = 1.0
-"""How long :func:`run_within` waits for a call past its deadline before leaving it."""
+"""How long past its deadline a solve runs before it is stopped (:func:`run_stoppable`)
+or killed (:func:`run_child`)."""
 
 T = TypeVar("T")
 
 
-def run_within(
-    deadline: Deadline, call: Callable[[], T], *, what: str, grace_s: float = GRACE_S
+def run_stoppable(
+    deadline: Deadline,
+    call: Callable[[], T],
+    *,
+    stop: Callable[[], object],
+    what: str,
+    grace_s: float = GRACE_S,
 ) -> T:
-    """Runs ``call`` and returns its value, or raises :class:`DeadlineExceeded` once
-    ``deadline`` plus ``grace_s`` has passed with ``call`` still running.
+    """Runs ``call`` on the caller's thread and returns its value; once ``deadline`` plus
+    ``grace_s`` has passed with ``call`` still running, a watchdog calls ``stop`` (the
+    solver's own interruption: CP-SAT's ``stop_search``, SCIP's ``InterruptSolve``), and
+    ``call`` returns what it has.
 
     For a native solve that releases the GIL and takes a time limit of its own but may
-    overrun it: HiGHS checks its limit only between presolve steps (Hugging Face BERT at 35%
-    of its keep-all peak, a MILP of 5,774 binaries given 5.2 s, returned after 6.5 s; the
-    pruned search given 14.8 s took 19.3 s, and 15.9 s through this). ``call`` runs on a
-    worker thread; one that is left keeps running until its own limit stops it, and its
-    value is dropped. The thread is not a daemon, so an
-    interpreter that exits meanwhile waits for it rather than tearing the solver down under
-    it. Without a limit, ``call`` runs on the caller's thread.
+    overrun it (CP-SAT's presolve checks no limit in some steps; HiGHS, which cannot be
+    interrupted, runs in a child process instead: :func:`run_child`). The watchdog is a
+    thread that is joined before this returns, whatever happens: nothing started here
+    outlives the call. Without a limit, no watchdog starts.
     """
     remaining = deadline.remaining_s()
     if remaining is None:
         return call()
-    outcome: dict[str, object] = {}
+    fired = threading.Event()
 
-    def work() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as err:  # re-raised on the caller's thread
-            outcome["error"] = err
-
-    worker = threading.Thread(target=work, name=f"chkpt_opt: {what}")
-    worker.start()
-    worker.join(remaining + grace_s)
-    if worker.is_alive():
-        raise DeadlineExceeded(
-            f"{what} was still running {grace_s:g} s after the time limit of "
-            f"{deadline.limit_s:g} s and was left to stop on its own; give a larger "
-            "time_limit_s, or a smaller graph."
+    def fire() -> None:
+        fired.set()
+        log.info(
+            "%s ran %g s past its time limit of %g s: stopped", what, grace_s, deadline.limit_s
         )
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["value"]  # type: ignore[return-value]
+        stop()
+
+    watchdog = threading.Timer(remaining + grace_s, fire)
+    watchdog.name = f"chkpt_opt watchdog: {what}"
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return call()
+    finally:
+        watchdog.cancel()
+        watchdog.join()
+
+
+def run_child(
+    deadline: Deadline,
+    argv: Sequence[str],
+    payload: bytes,
+    *,
+    what: str,
+    grace_s: float = GRACE_S,
+) -> bytes | None:
+    """Runs the command ``argv`` as a child process with ``payload`` on its standard input
+    and returns its standard output, or None where it was still running ``grace_s`` past
+    ``deadline`` (it is killed and reaped then: no process is left behind).
+
+    Raises:
+        SolverError: the child failed (its exit status and the end of its error output).
+    """
+    remaining = deadline.remaining_s()
+    timeout_s = None if remaining is None else remaining + grace_s
+    child = subprocess.Popen(
+        list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        out, err = child.communicate(payload, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        log.info("%s ran %g s past its time limit of %g s: killed", what, grace_s, deadline.limit_s)
+        return None
+    except BaseException:  # KeyboardInterrupt included: the child goes with the caller
+        child.kill()
+        child.communicate()
+        raise
+    if child.returncode != 0:
+        tail = err.decode(errors="replace").strip()[-2000:]
+        raise SolverError(
+            f"{what} failed in its child process (exit status {child.returncode}): {tail}; "
+            "this is a bug, please report it with the graph."
+        )
+    return out

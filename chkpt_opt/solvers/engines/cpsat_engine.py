@@ -26,7 +26,8 @@ as its limit, but some of its presolve steps check no limit: on that model its c
 merging (``[MaxClique]``) alone took 380-480 s under a limit of 30 s (a solve given 58 s
 returned after 415 s), so models of more than :data:`LARGE_MODEL_TERMS` terms skip it
 (``merge_at_most_one_work_limit=0``; the same model then stopped at its 40 s limit), and a
-solve still running a second past the deadline is stopped and left (:func:`run_cp`).
+solve still running a second past the deadline is told to stop and returns what it has
+(:func:`run_cp`; no thread is left running).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded, run_within
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded, run_stoppable
 from chkpt_opt.solvers.interval.judge import Outcome
 from chkpt_opt.solvers.interval.program import IntervalProgram, ProgramVariables
 
@@ -237,15 +238,13 @@ def make_solver(
 
 def run_cp(
     solver: cp_model.CpSolver, model: cp_model.CpModel, *, deadline: Deadline, what: str
-) -> int | None:
-    """``solver.solve(model)``, or None (and the search told to stop, and left) when it is
-    still running a second past ``deadline``; read nothing more from ``solver`` then."""
-    try:
-        return run_within(deadline, functools.partial(solver.solve, model), what=what)
-    except DeadlineExceeded as err:
-        solver.stop_search()
-        log.info("cp-sat: %s", err)
-        return None
+) -> int:
+    """``solver.solve(model)`` on the caller's thread; a solve still running a second past
+    ``deadline`` is told to stop (``stop_search``) and returns what it has
+    (:func:`~chkpt_opt.solvers.deadline.run_stoppable`: nothing is left running)."""
+    return run_stoppable(
+        deadline, functools.partial(solver.solve, model), stop=solver.stop_search, what=what
+    )
 
 
 def hint(m: cp_model.CpModel, program: IntervalProgram, v: CpVariables, chosen: list[int]) -> None:
@@ -377,9 +376,6 @@ def solve_cp(
     if linearization_level is not None:
         solver.parameters.linearization_level = linearization_level
     status = run_cp(solver, m, deadline=deadline, what="the CP-SAT solve")
-    if status is None:
-        stats.update(cp_status="UNKNOWN", cp_left_at_deadline=True)
-        return Outcome(None, False, False, None, stats)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     stats.update(cp_status=solver.status_name(status), cp_wall_s=solver.wall_time)
     return Outcome(
