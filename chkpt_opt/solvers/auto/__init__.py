@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.frozen import frozen
 from chkpt_opt.memory_model.schedule import Schedule
@@ -66,6 +67,12 @@ class AutoSolver:
             0.1 the searches lost little (``benchmarks/auto_share.py``; docs/limits.md).
             Not taken from a block search that is the whole keep-set stage (the module
             docstring).
+        gap: the relative gap at which a proof ends the search: a stage whose result is
+            within ``gap`` of a proven bound (``objective - bound <= gap * objective``)
+            is returned at once, ``optimal`` only where it meets the bound, else
+            ``feasible`` with that bound; the keep-set stages stop at a result within
+            ``gap`` of their bound, the searches beyond keep-set at one within ``gap`` of
+            a bound over every schedule. 0 stops only at a proven optimum.
     """
 
     solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
@@ -78,7 +85,15 @@ class AutoSolver:
     general: bool = True
     nesting: bool = True
     general_share: float = 0.1
+    gap: float = 0.01
     name: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gap < 1.0:
+            raise SolverError(
+                f"auto's gap must lie in [0, 1), got {self.gap!r}; it is the relative gap "
+                "(objective - bound) / objective at which a proof ends the search (0.01: 1%)"
+            )
 
     def __call__(
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
@@ -106,4 +121,6 @@ class AutoSolver:
             )
         keep_deadline = deadline.share(1.0 - self.general_share)
         keep = keep_set_result(self, graph, budget_bytes, keep_deadline, cover, whole=deadline)
-        return beyond_keep_set(graph, budget_bytes, keep, rounded, deadline, cover, self.nesting)
+        return beyond_keep_set(
+            graph, budget_bytes, keep, rounded, deadline, cover, self.nesting, gap=self.gap
+        )

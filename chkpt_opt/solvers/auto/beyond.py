@@ -3,7 +3,10 @@
 Beyond keep-set (``general=True``, the default; ``general=False`` stops at keep-set): the
 proofs above hold over keep-set schedules (``stats["proofs_over"] == "keep_set"``), except
 where the keep-set result meets the recompute bound (or, nothing fitting, its floor), which
-holds over every schedule: the search stops there (``"every_schedule"``). Right after the
+holds over every schedule: the search stops there (``"every_schedule"``). The searches also
+stop at a schedule within ``auto``'s ``gap`` (default 1%) of a bound over every schedule
+(``stats["stopped_at_gap"]`` says which bound and the gap); it is ``optimal`` only where it
+meets the bound. Right after the
 bound (where keep-all does not fit), the cached ops that the recompute bound's LP keeps are
 rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint
 schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
@@ -52,7 +55,7 @@ from functools import partial
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.solvers.auto.keep_set import log_stage
+from chkpt_opt.solvers.auto.keep_set import closes_gap, log_stage
 from chkpt_opt.solvers.base import Solver, SolveResult, SolveStatus, best_of, meets_bound
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound
 from chkpt_opt.solvers.deadline import Deadline
@@ -84,14 +87,22 @@ def beyond_keep_set(
     deadline: Deadline,
     cover: RecomputeBound,
     nesting: bool,
+    *,
+    gap: float = 0.0,
 ) -> SolveResult:
     """The keep-set result, or a better schedule beyond keep-set (see the module
     docstring; without ``nesting``, one level of regions with cached ops). ``cover``'s
     bound, and the staged program's where it runs, hold over every schedule: the larger
     is the bound of a result from beyond keep-set."""
     every_s = cover.bound_s
-    if _proven_over_every_schedule(keep, cover, every_s):
-        return dataclasses.replace(keep, stats=dict(keep.stats, proofs_over="every_schedule"))
+    if _proven_over_every_schedule(keep, cover, every_s, gap):
+        over = (
+            "every_schedule"
+            if _proven_over_every_schedule(keep, cover, every_s, 0.0)
+            else "keep_set"
+        )
+        stats = dict(keep.stats, proofs_over=over, **_stopped_at_gap(keep, every_s))
+        return dataclasses.replace(keep, stats=stats)
     keep_stats = dict(keep.stats, proofs_over="keep_set")
     found = [rounded] if rounded is not None else []
     refused: dict[str, str] = {}
@@ -138,14 +149,14 @@ def beyond_keep_set(
         staged_s = found[-1].stats.get("every_schedule_bound_s") if found else None
         if search.name == "staged" and found[-1].solver == "staged" and staged_s is not None:
             every_s = max(every_s or 0.0, staged_s)
-        if _proven_over_every_schedule(best_of([keep, *found]), cover, every_s):
+        if _proven_over_every_schedule(best_of([keep, *found]), cover, every_s, gap):
             break  # nothing is cheaper than a schedule that meets a bound over every one
     # Then, in the time left, the exact program over one-level schedules with cached ops
     # (it takes the keep-set result as its start and cost cap), and the cached-op search
     # from its result where that is the best so far; not where the best already meets the
     # bound that holds over every schedule.
     best = best_of([keep, *found])
-    if not _proven_over_every_schedule(best, cover, every_s):
+    if not _proven_over_every_schedule(best, cover, every_s, gap):
         before = len(found)
         cap_s = best.objective if best.feasible else None  # only cheaper schedules matter
         cached_program = get_solver("milp_cached", keep_set=keep, cost_cap_s=cap_s)
@@ -194,6 +205,11 @@ def beyond_keep_set(
         },
         recompute_bound=cover.summary(),
     )
+    stats.update(
+        _stopped_at_gap(best, every_s)
+        if _proven_over_every_schedule(best, cover, every_s, gap)
+        else {}
+    )
     if not best.feasible:  # the floor holds over every schedule, beyond keep-set too
         stats.update(
             min_feasible_bytes=best.peak_bytes,
@@ -219,13 +235,23 @@ def beyond_keep_set(
 
 
 def _proven_over_every_schedule(
-    result: SolveResult, cover: RecomputeBound, bound_s: float | None
+    result: SolveResult, cover: RecomputeBound, bound_s: float | None, gap: float
 ) -> bool:
-    """Whether nothing beyond keep-set can beat ``result``: it recomputes nothing, or its
-    cost meets the recompute bound, or (nothing fitting) its peak meets the bound's floor;
-    the bound and the floor hold over every schedule."""
+    """Whether nothing beyond keep-set can beat ``result`` by more than ``gap`` (relative):
+    it recomputes nothing, or its cost is within ``gap`` of ``bound_s`` (0: meets it), or
+    (nothing fitting) its peak meets the bound's floor; the bound and the floor hold over
+    every schedule."""
     if result.feasible:
         if result.objective <= 0.0:
             return True
-        return meets_bound(result.objective, bound_s)
+        return closes_gap(result.objective, bound_s, gap)
     return cover.floor_bytes >= result.peak_bytes
+
+
+def _stopped_at_gap(result: SolveResult, bound_s: float | None) -> dict[str, object]:
+    """``stats["stopped_at_gap"]`` of a result that ended the searches within the gap of
+    ``bound_s`` (a bound over every schedule); nothing where it fits nothing or met it."""
+    if not result.feasible or bound_s is None or meets_bound(result.objective, bound_s):
+        return {}
+    rel = (result.objective - bound_s) / result.objective
+    return {"stopped_at_gap": {"bound_s": bound_s, "gap": rel, "over": "every_schedule"}}
