@@ -71,10 +71,11 @@ _DISPLAY_UNITS = (
 )
 
 
-def format_bytes(num_bytes: float) -> str:
+def format_bytes(num_bytes: float, *, extra_digits: int = 0) -> str:
     """Formats a byte count in a decimal and the matching binary unit, as every printed
     budget shows them: GB and GiB from 0.1 GB up (two decimals), MB and MiB from 0.1 MB,
-    kB and KiB from 0.1 kB (three significant digits), plain bytes below.
+    kB and KiB from 0.1 kB (three significant digits), plain bytes below; each figure
+    with ``extra_digits`` more (see :func:`format_bytes_pair`).
 
     Example:
         >>> format_bytes(20 * 10**9), format_bytes(35_000)
@@ -82,10 +83,28 @@ def format_bytes(num_bytes: float) -> str:
     """
     for decimal, binary, unit, binary_unit in _DISPLAY_UNITS:
         if abs(num_bytes) >= decimal // 10:
-            if decimal == 10**9:
-                return f"{num_bytes / decimal:.2f} {unit} ({num_bytes / binary:.2f} {binary_unit})"
-            return f"{num_bytes / decimal:.3g} {unit} ({num_bytes / binary:.3g} {binary_unit})"
+            spec = f".{2 + extra_digits}f" if decimal == 10**9 else f".{3 + extra_digits}g"
+            return (
+                f"{num_bytes / decimal:{spec}} {unit} ({num_bytes / binary:{spec}} {binary_unit})"
+            )
     return f"{int(num_bytes)} bytes"
+
+
+def format_bytes_pair(first: float, second: float) -> tuple[str, str]:
+    """Two byte counts formatted alike (:func:`format_bytes`), with as many more digits as
+    make two different counts read differently in both units: a budget and the smallest
+    one that fits never read ``0.10 GiB`` both.
+
+    Example:
+        >>> format_bytes_pair(104_000_000, 105_000_000)
+        ('0.104 GB (0.097 GiB)', '0.105 GB (0.098 GiB)')
+    """
+    for extra in range(16):
+        texts = format_bytes(first, extra_digits=extra), format_bytes(second, extra_digits=extra)
+        (dec_a, _, bin_a), (dec_b, _, bin_b) = (text.partition(" (") for text in texts)
+        if first == second or (dec_a != dec_b and bin_a != bin_b) or not bin_a:
+            return texts
+    return format_bytes(first), format_bytes(second)
 
 
 def parse_budget(value: int | str | Budget, *, device_total_bytes: int | None = None) -> Budget:

@@ -32,6 +32,7 @@ from chkpt_opt.step_budget.budget import (
     OptimizerSpec,
     StaticMemory,
     format_bytes,
+    format_bytes_pair,
     graph_static_memory,
     optimizer_spec,
     parse_budget,
@@ -253,9 +254,10 @@ def unmet_budget_error(
     for) and ``fix``."""
     lowest = smallest_peak(graph, time_limit_s=time_limit_s, nesting=nesting)
     minimum = static.step_peak_bytes(lowest.peak_bytes)
+    given, needed = format_bytes_pair(budget.total_bytes, minimum)
     return InfeasibleBudgetError(
-        f"budget {budget.text!r} = {format_bytes(budget.total_bytes)} is below "
-        f"{smallest_budget_phrase(lowest)} {scope}: {format_bytes(minimum)} ({minimum} bytes; "
+        f"budget {budget.text!r} = {given} is below "
+        f"{smallest_budget_phrase(lowest)} {scope}: {needed} ({minimum} bytes; "
         f"resident {format_bytes(static.resident_bytes)} + forward/backward "
         f"{format_bytes(lowest.peak_bytes)}). {fix}",
         budget_bytes=activation_budget_bytes,

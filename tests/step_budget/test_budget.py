@@ -16,12 +16,14 @@ from chkpt_opt.step_budget.budget import (
     Budget,
     StaticMemory,
     format_bytes,
+    format_bytes_pair,
     graph_static_memory,
     optimizer_spec,
     parse_budget,
     split_budget,
     static_memory,
 )
+from chkpt_opt.step_budget.whole_step import unmet_budget_error
 
 # Fragments every "accepted forms" message must show.
 ACCEPTED_FRAGMENTS = ('"20GB"', '"20GiB"', "KiB", "MiB", "TiB", "int of bytes")
@@ -520,3 +522,47 @@ def test_static_memory_for_non_optimizer_object_is_refused(
     _, _, graph = small_model_graph
     with pytest.raises(BudgetError, match=r"torch\.optim\.Optimizer"):
         static_memory_for(graph, 42)  # type: ignore[arg-type]
+
+
+# ---- two figures side by side: never read the same ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(104_000_000, 110_000_000), (104_000_000, 104_000_001), (35_000, 35_001), (12, 13)],
+)
+def test_a_pair_of_figures_reads_differently_in_both_units(first: int, second: int) -> None:
+    a, b = format_bytes_pair(first, second)
+    (dec_a, _, bin_a), (dec_b, _, bin_b) = a.partition(" ("), b.partition(" (")
+    assert dec_a != dec_b and (bin_a != bin_b or not bin_a)
+    assert format_bytes_pair(first, first) == (format_bytes(first), format_bytes(first))
+
+
+def test_the_pair_keeps_format_bytes_digits_where_those_differ() -> None:
+    # 0.104 and 0.11 GB: both 0.10 GiB at two decimals, so one more digit for both
+    assert format_bytes(104_000_000) == "0.10 GB (0.10 GiB)"
+    assert format_bytes_pair(104_000_000, 110_000_000) == (
+        "0.104 GB (0.097 GiB)",
+        "0.110 GB (0.102 GiB)",
+    )
+    assert format_bytes_pair(20 * 10**9, 30 * 10**9) == (
+        format_bytes(20 * 10**9),
+        format_bytes(30 * 10**9),
+    )
+
+
+def test_an_unmet_budget_and_the_smallest_one_are_printed_apart(
+    small_model_graph: tuple[nn.Module, torch.Tensor, object],
+) -> None:
+    _, _, graph = small_model_graph
+    _, static, _ = activation_budget(graph, 10**12, optimizer=None)  # type: ignore[arg-type]
+    minimum = unmet_budget_error(graph, parse_budget(1), static, 0).min_feasible_bytes  # type: ignore[arg-type]
+    assert minimum is not None
+    budget = parse_budget(minimum - 1)  # one byte short
+    error = unmet_budget_error(graph, budget, static, minimum - 1 - static.resident_bytes)  # type: ignore[arg-type]
+    match = re.search(r"= (.+?) is below .+?: (.+?) \(\d+ bytes", str(error))
+    assert match is not None, str(error)
+    given, needed = match.groups()
+    assert (given, needed) == format_bytes_pair(minimum - 1, minimum)
+    assert given.partition(" (")[0] != needed.partition(" (")[0]
+    assert given.partition(" (")[2] != needed.partition(" (")[2]
