@@ -80,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def budget_args(p: argparse.ArgumentParser, *, sharded: bool = True) -> None:
         p.add_argument(
-            "--budget", required=True, help='whole-step budget: "20GB", "20GiB", bytes, "80%%"'
+            "--budget",
+            required=True,
+            type=budget_arg,
+            help='whole-step budget: "20GB", "20GiB", bytes (a plain integer), "80%%"',
         )
         p.add_argument("--solver", default="auto", help="solver name (see `chkpt-opt solvers`)")
         p.add_argument(
@@ -208,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile-times",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="time ops on the device for the solver (default: on for --device cuda)",
+        help="time ops on the device for the solver (default: on, as chkpt_opt.plan)",
     )
     p.add_argument(
         "--compile",
@@ -225,3 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("solvers", cmd_solvers, "list the registered solvers")
     return parser
+
+
+def budget_arg(text: str) -> int | str:
+    """``--budget`` as the library reads it: a plain integer is bytes (docs/budget.md),
+    anything else the budget's text (``"20GB"``, ``"80%"``), parsed and checked by
+    :func:`chkpt_opt.step_budget.budget.parse_budget`."""
+    stripped = text.strip().replace("_", "")
+    return int(stripped) if stripped.isdecimal() else text

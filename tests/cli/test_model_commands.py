@@ -88,8 +88,8 @@ def test_max_batch_with_a_plan_is_larger(capsys: pytest.CaptureFixture[str]) -> 
     ("flag", "value"), [((), None), (("--profile-times",), True), (("--no-profile-times",), False)]
 )
 def test_validate_profile_times_defaults_to_the_device(flag: tuple[str, ...], value: bool) -> None:
-    """No flag leaves the choice to ``plan`` (measured op times on CUDA, the estimate on
-    the CPU); either flag forces it."""
+    """No flag leaves the choice to ``plan`` (measured op times wherever the model's
+    tensors are real); either flag forces it."""
     options = build_parser().parse_args(["validate", SPEC, "--budget", BUDGET, *flag])
     assert options.profile_times is value
 
@@ -98,3 +98,17 @@ def test_optimize_refuses_to_validate_a_per_rank_plan(capsys: pytest.CaptureFixt
     argv = ("optimize", SPEC, "--budget", BUDGET, "--world-size", "2", "--validate")
     code, _, err = run(capsys, *argv)
     assert code == EXIT_INPUT and "--world-size" in err
+
+
+def test_a_plain_integer_budget_is_bytes() -> None:
+    """docs/budget.md: a plain integer is bytes, on the command line too."""
+    options = build_parser().parse_args(["max-batch", SPEC, "--budget", "55890184"])
+    assert options.budget == 55890184
+    options = build_parser().parse_args(["optimize", SPEC, "--budget", "2MB"])
+    assert options.budget == "2MB"  # read by parse_budget, as before
+
+
+def test_max_batch_takes_a_budget_in_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("max-batch", SPEC, "--budget", "2000000", "--optimizer", "none", "--solver")
+    code, out, _ = run(capsys, *argv, "greedy", "--max-batch", "64", "--json")
+    assert code == EXIT_OK and json.loads(out)["budget_bytes"] == 2_000_000
