@@ -175,14 +175,19 @@ def test_smallest_budget_names_the_space_its_proof_holds_over(
     assert smallest_budget_phrase(lowest).endswith(phrase)
 
 
-def test_profile_times_defaults_to_the_estimate_on_cpu() -> None:
-    """Op times are measured by default only on a CUDA device (tests/test_cuda.py checks
-    that side): a CPU plan keeps the roofline estimate, so the same inputs give the same
-    plan."""
+def test_profile_times_defaults_as_optimize_does() -> None:
+    """``plan`` measures op times by default wherever the model's tensors are real, the CPU
+    included, as ``optimize`` does (one rule, ``call_inputs.measures_times``); False keeps
+    the roofline estimate, so the same inputs give the same plan."""
     model, args, _kwargs = MODELS["gpt"]()
     plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
-    assert plan.graph.graph["cost_model"] == "roofline-cpu"
-    assert "region_overhead_s" not in plan.graph.graph
+    assert plan.graph.graph["cost_model"] == "measured-cpu"
+    assert "region_overhead_s" in plan.graph.graph
+    estimated = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
+    assert estimated.graph.graph["cost_model"] == "roofline-cpu"
+    assert "region_overhead_s" not in estimated.graph.graph
 
 
 def test_budget_counts_optimizer_state() -> None:

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -31,11 +32,12 @@ from typing import Any
 import torch
 
 from chkpt_opt.api.solved_plan import Plan
+from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
+from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
-from chkpt_opt.measurement import trace_and_measure
-from chkpt_opt.measurement.step import device_of
+from chkpt_opt.measurement import measure_traced, trace_and_measure
 from chkpt_opt.measurement.timed_choice import (
     prepare_choice,
     wanted,
@@ -92,6 +94,8 @@ def plan(
     tracer: str = "auto",
     profile_times: bool | None = None,
     sharding: Sharding | None = None,
+    outputs_held: bool = True,
+    timed_choice: bool | None = None,
 ) -> Plan:
     """Traces ``model`` and solves for the cheapest schedule whose whole step fits ``budget``.
 
@@ -103,7 +107,9 @@ def plan(
         solver: a registered solver name (see :func:`available_solvers`) or ``"auto"``.
         optimizer: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, another known name, a
             torch.optim optimizer instance, or None to count no optimizer state.
-        example_kwargs: keyword inputs of one step.
+        example_kwargs: keyword inputs of one step; ``use_cache=False`` is added where the
+            model takes it (through wrappers such as ``peft``'s) and they do not say, as
+            :func:`chkpt_opt.optimize` does (:mod:`chkpt_opt.attachment.call_inputs`).
         time_limit_s: time limit of the whole call, tracing included: the solver gets what
             the trace left (at least one second), and so does the search for the smallest
             feasible budget when the budget cannot be met.
@@ -113,18 +119,30 @@ def plan(
             times), and measure what one recompute region costs beyond its ops there
             (:mod:`chkpt_opt.measurement.region_costs`), which every region of a plan is
             charged: what :func:`trace` measures with it.
-            None (the default): on for a model on a CUDA device, off elsewhere. On a GPU
-            the roofline estimate misjudges small, launch-bound kernels: the zoo GPT and
-            ResNet planned at half their activations on an H200 ran at 2.86x and 3.21x the
-            original's step time on it, and at 1.49x and 1.67x planned on measured times
-            (``benchmarks/results/cuda/cuda_times.md``). On the CPU the estimate is kept
-            by default, so the same model and budget give the same plan.
+            None (the default): as :func:`chkpt_opt.optimize`, measured wherever the
+            model's tensors are real, the CPU included, estimated on the meta device
+            (:func:`chkpt_opt.attachment.call_inputs.measures_times`). The roofline
+            estimate misjudges small kernels: the zoo GPT and ResNet planned at half their
+            activations on an H200 ran at 2.86x and 3.21x the original's step time on it,
+            and at 1.49x and 1.67x planned on measured times
+            (``benchmarks/results/cuda/cuda_times.md``); on the CPU the padded Llama of
+            ``benchmarks/padded.py`` at HF checkpointing's peak ran 2.22x the original on
+            estimated times. False: the estimate, so the same model and budget give the
+            same plan.
         sharding: plan one rank of sharded training
         (:class:`chkpt_opt.step_budget.sharding.Sharding`:
             FSDP2 or DDP, the world size); ``budget`` is then per rank and the example
             inputs one rank's local batch. None: read off a DDP-wrapped model, else one
             device. Plan a model before ``fully_shard`` (its sharded parameters cannot be
             captured).
+        outputs_held: whether the loop holds the model's outputs beside the loss (the
+            logits) through the backward pass: True (the default) for ``outputs =
+            model(**batch); outputs.loss.backward()``, False for
+            ``model(**batch).loss.backward()`` and ``Trainer``, which drop them when the
+            forward returns (their bytes are then free for activations); as
+            ``chkpt_opt.optimize(outputs_held=...)``.
+        timed_choice: as :func:`plan_traced` (by default on for solver ``auto`` on
+            measured op times, on one device).
 
     Raises:
         BudgetError: unreadable budget, or below the resident memory.
@@ -134,11 +152,9 @@ def plan(
     """
     start = time.perf_counter()
     model, sharding = traced_module_and_sharding(model, sharding)
-    if profile_times is None:
-        profile_times = device_of(model, (example_inputs,)).type == "cuda"
-    traced = trace_and_measure(
-        model, example_inputs, example_kwargs, method=tracer, profile_times=profile_times
-    )
+    traced = _traced(model, example_inputs, example_kwargs, tracer, profile_times)
+    if not outputs_held and droppable(traced.graph):
+        traced = dataclasses.replace(traced, graph=dropping_outputs(traced.graph))
     left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
     made = plan_traced(
         traced,
@@ -147,9 +163,27 @@ def plan(
         optimizer=optimizer,
         time_limit_s=left,
         sharding=sharding,
+        timed_choice=timed_choice,
     )
     log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
     return made
+
+
+def _traced(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None,
+    tracer: str,
+    profile_times: bool | None,
+    *,
+    name: str | None = None,
+) -> Traced:
+    """The capture of one training call and its cost graph, measured as asked: the rules
+    that :func:`plan`, :func:`trace` and the attachment share
+    (:mod:`chkpt_opt.attachment.call_inputs`)."""
+    kwargs = training_kwargs(model, example_kwargs)
+    traced = trace_and_measure(model, example_inputs, kwargs, name=name, method=tracer)
+    return measure_traced(traced, profile_times=measures_times(profile_times, traced.graph))
 
 
 def plan_traced(
@@ -230,7 +264,8 @@ def apply(
         ScheduleError: malformed file, other format version, or a fingerprint mismatch.
     """
     loaded = load_schedule(path)
-    traced = trace_model(model, example_inputs, example_kwargs, method=tracer)
+    kwargs = training_kwargs(model, example_kwargs)
+    traced = trace_model(model, example_inputs, kwargs, method=tracer)
     loaded.check_against(traced.graph)
     return rewrite_module(
         traced.captured.fresh_module(), traced.graph, loaded.schedule, for_compile=for_compile
@@ -244,13 +279,12 @@ def trace(
     *,
     name: str | None = None,
     tracer: str = "auto",
-    profile_times: bool = False,
+    profile_times: bool | None = False,
 ) -> CostGraph:
     """Traces ``model`` on example inputs into a CostGraph (see :mod:`chkpt_opt.graphs`),
     with what is measured on its device written in (:mod:`chkpt_opt.measurement`): on CUDA
     the kernel workspace, and with ``profile_times`` every op's time and what regions cost
-    beyond their ops. :func:`plan` traces the same way, so ``trace`` then ``solve`` sees
-    the graph ``plan`` solves."""
-    return trace_and_measure(
-        model, example_inputs, example_kwargs, name=name, method=tracer, profile_times=profile_times
-    ).graph
+    beyond their ops (None: as :func:`plan` measures by default). :func:`plan` traces the
+    same way (``use_cache=False`` added where the model takes it), so ``trace`` then
+    ``solve`` sees the graph ``plan`` solves with the same ``profile_times``."""
+    return _traced(model, example_inputs, example_kwargs, tracer, profile_times, name=name).graph

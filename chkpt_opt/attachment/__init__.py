@@ -29,9 +29,11 @@ from typing import Any
 import torch
 
 from chkpt_opt.attachment.attached import AttachedForward, Attachment
+from chkpt_opt.attachment.call_inputs import positional
 from chkpt_opt.attachment.call_key import CallKey
 from chkpt_opt.attachment.layerwise import LayerwiseAttachment, attach_layerwise
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
+from chkpt_opt.errors import ChkptOptError
 from chkpt_opt.step_budget.budget import Budget, parse_budget
 from chkpt_opt.step_budget.sharding import Sharding
 from chkpt_opt.step_budget.whole_step import OptimizerArg
@@ -116,8 +118,10 @@ def optimize(
             instead of recomputing whole layers (where that fits the budget).
 
     Raises:
-        BudgetError: an unreadable budget (at once); InfeasibleBudgetError from the call that
-            no schedule can serve within the budget, stating the smallest budget that can.
+        BudgetError: an unreadable budget (at once).
+        InfeasibleBudgetError: no schedule serves a call within the budget, stating the
+            smallest budget that can: here, with example inputs (and the model left
+            without a plan), else from that training call.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
@@ -163,15 +167,18 @@ def optimize(
     model.__dict__[_ATTRIBUTE] = attachment
     model.__dict__["forward"] = AttachedForward(attachment)
     if example_inputs is not None or example_kwargs is not None:
-        _plan_ahead(attachment, example_inputs, example_kwargs or {})
+        try:
+            _plan_ahead(attachment, example_inputs, example_kwargs or {})
+        except ChkptOptError:
+            detach(model)  # the model as it was: trains unplanned, or optimize() again
+            raise
     return model
 
 
 def _plan_ahead(attachment: Attachment, example_inputs: Any, kwargs: dict[str, Any]) -> None:
-    if isinstance(example_inputs, torch.Tensor):
-        args: tuple[Any, ...] = (example_inputs,)
-    else:
-        args = tuple(example_inputs or ())
+    """Plans the call of the example inputs now: a budget no schedule meets for them
+    raises :class:`~chkpt_opt.errors.InfeasibleBudgetError` here, from ``optimize``."""
+    args = positional(example_inputs)
     model = attachment.model
     was_training = model.training
     model.train()
@@ -198,9 +205,10 @@ def detach(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def attachment_of(model: torch.nn.Module) -> Attachment | LayerwiseAttachment | None:
-    """The plan attached to ``model`` by :func:`optimize`, or None: its runners (one per
-    input signature seen, with its schedule and predicted peak) and its stats; or, for a
-    layer-wise plan, the plan, its lowering and the layers checkpointed."""
+    """The plan attached to ``model`` by :func:`optimize`, or None: its runners (each
+    distinct plan once, with its schedule and predicted peak; ``summary()`` lists them with
+    the input shapes each served) and its stats; or, for a layer-wise plan, the plan, its
+    lowering and the layers checkpointed."""
     return model.__dict__.get(_ATTRIBUTE) or model.__dict__.get(_LAYERWISE)
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 import time
 from collections import OrderedDict
@@ -37,14 +36,22 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from chkpt_opt.attachment.buckets import grown_inputs
+from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
 from chkpt_opt.attachment.call_key import CallKey, call_key
 from chkpt_opt.attachment.held_outputs import dropping_outputs, watch, watched_positions
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
-from chkpt_opt.attachment.runner import AttachmentStats, Runner
+from chkpt_opt.attachment.runner import (
+    AttachmentStats,
+    Runner,
+    plans_summary,
+    reusable_schedule,
+    served_keys,
+)
+from chkpt_opt.attachment.size_one import serving_at_size_one
 from chkpt_opt.codegen import rewrite_module
-from chkpt_opt.errors import InfeasibleBudgetError, ScheduleError, TraceError
+from chkpt_opt.errors import InfeasibleBudgetError, TraceError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.graphs.tracer import Traced
+from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.measurement import measure_traced, trace_and_measure
 from chkpt_opt.measurement.timed_choice import wanted
@@ -116,19 +123,8 @@ class Attachment:
         return type(self.model).forward.__get__(self.model)
 
     def training_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The keyword inputs of a training call: ``use_cache=False`` added where the model
-        takes it and the call does not say (a training step never reads the key/value
-        cache, and Hugging Face models turn it off under their own checkpointing too)."""
-        if "use_cache" in kwargs or not self._takes_use_cache():
-            return kwargs
-        return {**kwargs, "use_cache": False}
-
-    def _takes_use_cache(self) -> bool:
-        try:
-            parameters = inspect.signature(self.own_forward_bound()).parameters
-        except (TypeError, ValueError):
-            return False
-        return "use_cache" in parameters
+        """The keyword inputs of a training call (:func:`.call_inputs.training_kwargs`)."""
+        return training_kwargs(self.model, kwargs, self.own_forward_bound())
 
     def runner_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
         """The runner of this call's key: one seen before, one whose symbolic sizes admit
@@ -146,7 +142,9 @@ class Attachment:
             # Outside the caller's dispatch modes (a memory tracker, a FLOP counter): they
             # would watch, and slow, the capture and the solve rather than the step.
             with _disable_current_modes():
-                runner = self._prepare(key, args, kwargs)
+                runner = serving_at_size_one(
+                    symbolic, key, lambda: self._capture_fixed(args, kwargs), self.stats
+                ) or self._prepare(key, args, kwargs)
         self._runners[key] = runner
         while len(self._runners) > MAX_RUNNERS:
             self._runners.popitem(last=False)
@@ -154,8 +152,13 @@ class Attachment:
 
     @property
     def runners(self) -> list[Runner]:
-        """The runners kept, least recently used first."""
-        return list(self._runners.values())
+        """The runners kept, each once, least recently used first (a symbolic capture
+        serves many keys: :meth:`summary` lists the shapes each served)."""
+        return [runner for runner, _ in served_keys(self._runners)]
+
+    def summary(self) -> str:
+        """The distinct plans kept, with the shapes each served, and the stats."""
+        return plans_summary(self._runners, self.stats)
 
     # -- capture and plan -----------------------------------------------------------------
 
@@ -234,7 +237,7 @@ class Attachment:
         graph = per_rank_graph(traced.graph, self.sharding)
         elements = key.input_elements
         made = self._families.setdefault((key.family, drops), [])
-        schedule, source = self._reusable(key, made, graph, act), "reused"
+        schedule, source = reusable_schedule(key, made, graph, act), "reused"
         if schedule is None:
             schedule, source = self._stored(graph), "stored"
         if schedule is None:
@@ -265,7 +268,12 @@ class Attachment:
             input_dims=dims if dims is not None and dims.symbolic else None,
             drops_outputs=drops,
             watched=watched,
+            program=tuple(program_ops(traced.captured.module)) if dims and dims.symbolic else None,
         )
+
+    def _capture_fixed(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+        with self._own_forward_while_capturing():
+            return trace_model(self.model, args, kwargs, method=self.tracer)
 
     def _capture(self, key: CallKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
         """The call captured with symbolic sizes (one graph for every smaller batch and
@@ -299,35 +307,8 @@ class Attachment:
         return symbolic
 
     def _profiles_times(self, graph: CostGraph) -> bool:
-        """Whether a solve measures op times: as asked, else wherever the model's tensors
-        are real (the roofline estimate misjudges small ops: the default plan of a
-        4-layer Llama on the CPU ran 46 regions at 2.22x the original's step time on
-        estimated times, 2 regions at 1.28x on measured ones)."""
-        if self.profile_times is not None:
-            return self.profile_times
-        return graph.graph.get("device_type") != "meta"
-
-    def _reusable(
-        self,
-        key: CallKey,
-        made: list[tuple[int, Schedule]],
-        graph: CostGraph,
-        budget_bytes: int,
-    ) -> Schedule | None:
-        """A schedule ``made`` for a call of this family that fits here: those of the
-        nearest larger calls first, then of the nearest smaller ones (a plan made at a
-        shorter length may leave room at a longer one)."""
-        elements = key.input_elements
-        larger = sorted((item for item in made if item[0] >= elements), key=lambda i: i[0])
-        smaller = sorted((item for item in made if item[0] < elements), key=lambda i: -i[0])
-        for _, schedule in [*larger, *smaller]:
-            try:
-                peak = simulate(graph, schedule).peak_bytes
-            except ScheduleError:  # the program differs at this shape
-                continue
-            if peak <= budget_bytes:
-                return schedule
-        return None
+        """Whether a solve measures op times (:func:`.call_inputs.measures_times`)."""
+        return measures_times(self.profile_times, graph)
 
     def _settings(self) -> tuple[object, ...]:
         optimizer = self.optimizer

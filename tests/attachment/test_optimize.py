@@ -1,0 +1,54 @@
+"""``chkpt_opt.optimize`` and ``attachment_of`` on a small network: a budget no schedule
+meets for the example inputs is refused at ``optimize``; the summary lists each plan once
+with the shapes it served."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import chkpt_opt
+from chkpt_opt.errors import InfeasibleBudgetError
+
+WIDTH, LAYERS = 64, 6
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        *[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(LAYERS)]
+    )
+
+
+def test_an_infeasible_budget_is_refused_at_optimize_with_example_inputs() -> None:
+    net = _net()
+    x = torch.randn(256, WIDTH)
+    keep_all = chkpt_opt.plan(
+        net, (x,), budget=10**12, optimizer=None, solver="keep_all", profile_times=False
+    )
+    budget = keep_all.static.resident_bytes + 1000  # far below any schedule's peak
+    with pytest.raises(InfeasibleBudgetError) as info:
+        chkpt_opt.optimize(net, (x,), budget=budget, optimizer=None, profile_times=False)
+    assert info.value.min_feasible_bytes is not None and info.value.min_feasible_bytes > budget
+    # Refused at optimize, the model is left as it was: its own forward, no plan.
+    assert chkpt_opt.attachment_of(net) is None and "forward" not in net.__dict__
+    net(x).sum().backward()
+
+
+def test_the_summary_lists_each_plan_once_with_the_shapes_it_served() -> None:
+    net = _net()
+    chkpt_opt.optimize(net, budget=10**12, optimizer=None, profile_times=False)
+    for batch in (32, 32, 24, 16, 8):
+        net(torch.randn(batch, WIDTH)).sum().backward()
+    attachment = chkpt_opt.attachment_of(net)
+    assert isinstance(attachment, chkpt_opt.attachment.Attachment)
+    stats = attachment.stats
+    assert (stats.captures, stats.solves) == (1, 1)
+    (runner,) = attachment.runners  # one symbolic capture serves the four shapes
+    assert runner.input_dims is not None
+    lines = attachment.summary().splitlines()
+    assert lines[0].startswith("1 plan(s) kept; 5 training calls, 1 captures, 1 solves")
+    assert len(lines) == 2 and lines[1].startswith("plan 1 (solved, symbolic sizes")
+    for batch in (32, 24, 16, 8):
+        assert f"[{batch}, {WIDTH}]" in lines[1]
