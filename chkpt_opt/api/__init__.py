@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,14 @@ from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement import measure_traced, trace_and_measure
 from chkpt_opt.measurement.timed_choice import (
     prepare_choice,
+    rounds_left,
     wanted,
     with_timed_choice,
 )
 from chkpt_opt.memory_model.schedule_io import load_schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver, smallest_peak
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, stage
 from chkpt_opt.step_budget.budget import Budget
 from chkpt_opt.step_budget.sharding import (
     Sharding,
@@ -81,6 +82,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+MIN_SOLVE_S = 1.0
+"""The least time the solver gets, however little the stages before it left (the
+heuristics give a schedule in that time where one fits)."""
+
 
 def plan(
     model: torch.nn.Module,
@@ -110,9 +115,12 @@ def plan(
         example_kwargs: keyword inputs of one step; ``use_cache=False`` is added where the
             model takes it (through wrappers such as ``peft``'s) and they do not say, as
             :func:`chkpt_opt.optimize` does (:mod:`chkpt_opt.attachment.call_inputs`).
-        time_limit_s: time limit of the whole call, tracing included: the solver gets what
-            the trace left (at least one second), and so does the search for the smallest
-            feasible budget when the budget cannot be met.
+        time_limit_s: time limit of the whole call: one deadline from its start for the
+            capture, the op timing, the solve (what they leave, less what the timed choice
+            reserves; at least one second) and the timed choice (what the solve leaves);
+            the search for the smallest feasible budget, when the budget cannot be met,
+            gets what is left too (at least one second). None: each solve's own default
+            (``auto``: 60 s). ``result.stats["planning_s"]`` holds each stage's seconds.
         tracer: ``"auto"`` (torch.export, then torch.fx), ``"export"`` or ``"fx"``.
         profile_times: time every op's forward on the model's device, so the solver weighs
             recomputation by measured rather than estimated times (runs the model a few
@@ -150,20 +158,23 @@ def plan(
             the available solvers can meet, in GB and GiB.
         TraceError: the model or its inputs cannot be traced.
     """
-    start = time.perf_counter()
+    deadline = Deadline.after(time_limit_s)  # one limit for every stage of planning
+    seconds: dict[str, float] = {}
     model, sharding = traced_module_and_sharding(model, sharding)
-    traced = _traced(model, example_inputs, example_kwargs, tracer, profile_times)
+    traced = _traced(
+        model, example_inputs, example_kwargs, tracer, profile_times, stages=(deadline, seconds)
+    )
     if not outputs_held and droppable(traced.graph):
         traced = dataclasses.replace(traced, graph=dropping_outputs(traced.graph))
-    left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
     made = plan_traced(
         traced,
         budget=budget,
         solver=solver,
         optimizer=optimizer,
-        time_limit_s=left,
         sharding=sharding,
         timed_choice=timed_choice,
+        deadline=deadline,
+        stage_s=seconds,
     )
     log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
     return made
@@ -177,13 +188,19 @@ def _traced(
     profile_times: bool | None,
     *,
     name: str | None = None,
+    stages: tuple[Deadline, dict[str, float]] | None = None,
 ) -> Traced:
     """The capture of one training call and its cost graph, measured as asked: the rules
     that :func:`plan`, :func:`trace` and the attachment share
-    (:mod:`chkpt_opt.attachment.call_inputs`)."""
+    (:mod:`chkpt_opt.attachment.call_inputs`). ``stages``: the planning's deadline and its
+    seconds by stage (``"capture"``, ``"op timing"``), logged and added to."""
     kwargs = training_kwargs(model, example_kwargs)
-    traced = trace_and_measure(model, example_inputs, kwargs, name=name, method=tracer)
-    return measure_traced(traced, profile_times=measures_times(profile_times, traced.graph))
+    stages = stages or (NO_DEADLINE, {})
+    with stage("capture", *stages):
+        traced = trace_and_measure(model, example_inputs, kwargs, name=name, method=tracer)
+    with stage("op timing", *stages):
+        measured = measures_times(profile_times, traced.graph)
+        return measure_traced(traced, profile_times=measured)
 
 
 def plan_traced(
@@ -195,6 +212,8 @@ def plan_traced(
     time_limit_s: float | None = None,
     sharding: Sharding | None = None,
     timed_choice: bool | None = None,
+    deadline: Deadline | None = None,
+    stage_s: dict[str, float] | None = None,
 ) -> Plan:
     """:func:`plan` for a model already traced: the budget split, the solve and the
     simulation of its schedule, on ``traced.graph`` as it is (measure it first through
@@ -209,15 +228,23 @@ def plan_traced(
     default on where it means something: solver ``auto``, op times measured on the
     model's device, one device (no ``sharding``).
 
+    ``deadline``: the limit of the whole planning this call is part of (capture and op
+    timing before it: :func:`plan` and the attachment start it before capturing), in
+    place of ``time_limit_s`` counted from here; the solve gets what is left of it, less
+    the time the timed choice reserves (at least :data:`MIN_SOLVE_S`), the timed choice
+    what the solve leaves. ``stage_s``: seconds by planning stage, added to (``"solve"``,
+    ``"timed choice"``); ``result.stats["planning_s"]`` holds them, with those of the
+    stages before this call written there by the caller.
+
     Raises:
         BudgetError, InfeasibleBudgetError: as :func:`plan`.
     """
-    start = time.perf_counter()
+    deadline = Deadline.after(time_limit_s) if deadline is None else deadline
+    seconds: dict[str, float] = {} if stage_s is None else stage_s
 
     def left_s(reserved_s: float = 0.0) -> float | None:
-        if time_limit_s is None:
-            return None
-        return max(1.0, time_limit_s - reserved_s - (time.perf_counter() - start))
+        left = deadline.remaining_s()
+        return None if left is None else max(MIN_SOLVE_S, left - reserved_s)
 
     graph = traced.graph
     parsed, static, act = activation_budget(graph, budget, optimizer=optimizer, sharding=sharding)
@@ -225,13 +252,20 @@ def plan_traced(
     if timed_choice is None:
         timed_choice = wanted(graph, solver=solver, sharded=sharding is not None)
     layouts, rounds, reserved_s = (
-        prepare_choice(graph, act, time_limit_s=time_limit_s) if timed_choice else ({}, 0, 0.0)
+        prepare_choice(graph, act, time_limit_s=deadline.remaining_s())
+        if timed_choice
+        else ({}, 0, 0.0)
     )
-    result = get_solver(solver)(graph, act, time_limit_s=left_s(reserved_s))
+    with stage("solve", deadline, seconds):
+        result = get_solver(solver)(graph, act, time_limit_s=left_s(reserved_s))
     if not result.feasible:
         raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s())
     if timed_choice:
-        result = with_timed_choice(traced, graph, result, layouts, rounds)
+        rounds = rounds_left(rounds, reserved_s, deadline.remaining_s())
+        with stage("timed choice", deadline, seconds):
+            result = with_timed_choice(traced, graph, result, layouts, rounds, deadline=deadline)
+    planning = {name: round(s, 3) for name, s in seconds.items()}
+    result = dataclasses.replace(result, stats={**result.stats, "planning_s": planning})
     return Plan(
         graph=graph,
         result=result,

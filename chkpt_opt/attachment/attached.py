@@ -54,9 +54,9 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.measurement import measure_traced, trace_and_measure
-from chkpt_opt.measurement.timed_choice import wanted
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.solvers.deadline import Deadline, add_seconds, stage
 from chkpt_opt.step_budget.budget import Budget, format_bytes
 from chkpt_opt.step_budget.sharding import Sharding, per_rank_graph
 from chkpt_opt.step_budget.whole_step import OptimizerArg, activation_budget
@@ -94,6 +94,7 @@ class Attachment:
     # observed at the last backward (None before the first: plans count them held).
     outputs_held: bool | None = field(default=None, repr=False)
     _planned_families: set[tuple[object, ...]] = field(default_factory=set, repr=False)
+    _planning: tuple[Deadline, dict[str, float]] | None = field(default=None, repr=False)
     last_runner: Runner | None = field(default=None, repr=False)
     """The runner of the latest training call."""
 
@@ -183,8 +184,10 @@ class Attachment:
         start = time.perf_counter()
         name = type(self.model).__name__
         log.info("chkpt_opt: capturing %s for a new input signature: %s", name, key.describe())
-        traced = self._capture(key, args, kwargs)
-        grown = self._grown(key, traced, args, kwargs)
+        self._planning = (Deadline.after(self.time_limit_s), {})  # one limit for every stage
+        with stage("capture", *self._planning):
+            traced = self._capture(key, args, kwargs)
+            grown = self._grown(key, traced, args, kwargs)
         if grown is not None:
             try:
                 return self._planned(*grown, start)
@@ -237,7 +240,8 @@ class Attachment:
         graph = per_rank_graph(traced.graph, self.sharding)
         elements = key.input_elements
         made = self._families.setdefault((key.family, drops), [])
-        schedule, source = reusable_schedule(key, made, graph, act), "reused"
+        held_made = self._families.get((key.family, False), []) if drops else []
+        schedule, source = reusable_schedule(key, [*made, *held_made], graph, act), "reused"
         if schedule is None:
             schedule, source = self._stored(graph), "stored"
         if schedule is None:
@@ -326,7 +330,9 @@ class Attachment:
         from chkpt_opt.api import plan_traced
 
         start = time.perf_counter()
-        measure_traced(traced, profile_times=self._profiles_times(traced.graph))
+        deadline, seconds = self._planning or (Deadline.after(self.time_limit_s), {})
+        with stage("op timing", deadline, seconds):
+            measure_traced(traced, profile_times=self._profiles_times(traced.graph))
         log.info(
             "chkpt_opt: solving for %s (%d ops) under %s, solver %s",
             type(self.model).__name__,
@@ -339,13 +345,10 @@ class Attachment:
             budget=self.budget,
             solver=self.solver,
             optimizer=self.optimizer,
-            time_limit_s=self.time_limit_s,
             sharding=self.sharding,
-            timed_choice=False,
+            deadline=deadline,  # the solve and the timed choice get what capture left
+            stage_s=seconds,
         )
-        if wanted(made.graph, solver=self.solver, sharded=self.sharding is not None):
-            # beyond the solve's limit: a few steps of each layout that fits, on this batch
-            made = made.timed()
         self.stats.solve_s += time.perf_counter() - start
         log.info("chkpt_opt plan for %s:\n%s", type(self.model).__name__, made.summary())
         if self.plan_dir is not None:
@@ -356,7 +359,7 @@ class Attachment:
     def _observe_outputs(self, held: bool) -> None:
         """What the start of a backward pass showed of the outputs beside the loss."""
         if held and self.outputs_held is not True:
-            if any(r.drops_outputs for r in self._runners.values()):
+            if self.last_runner is not None and self.last_runner.drops_outputs:
                 log.warning(
                     "chkpt_opt: the loop held %s's outputs beside the loss through this "
                     "backward pass, which its schedule counted as dropped (as at earlier "
@@ -369,12 +372,11 @@ class Attachment:
         elif not held and self.outputs_held is None:
             log.info(
                 "chkpt_opt: the loop drops %s's outputs beside the loss before the "
-                "backward pass; each input signature is planned again for that at its "
-                "next call (their bytes are free for activations)",
+                "backward pass; the schedules made with them held still fit (they count "
+                "their bytes) and keep serving; new captures count them dropped",
                 type(self.model).__name__,
             )
             self.outputs_held = False
-            self._forget(drops_outputs=False)
 
     def _forget(self, *, drops_outputs: bool) -> None:
         """Drops the runners and schedules made for one assumption on the outputs."""
@@ -391,6 +393,8 @@ class Attachment:
         stats.reuses += source == "reused"
         stats.stored += source == "stored"
         stats.prepare_s += seconds
+        add_seconds(stats.planning_s, (self._planning or (None, {}))[1])  # capture, solve...
+        self._planning = None
         stats.largest_predicted_peak_bytes = max(stats.largest_predicted_peak_bytes, peak_bytes)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.solvers.base import SolveResult, SolveStatus
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 
 TIMED_ROUNDS = 5
 """Rounds timed after the warm-up round."""
@@ -140,6 +141,7 @@ def fastest(
     *,
     rounds: int = TIMED_ROUNDS,
     timer: Timer = time_step,
+    deadline: Deadline = NO_DEADLINE,
 ) -> TimedChoice:
     """Times a step of each candidate's rewrite of ``traced`` on its example inputs (see
     the module docstring) and returns the fastest.
@@ -152,6 +154,9 @@ def fastest(
         rounds: rounds timed after one warm-up round.
         timer: seconds of one step of a module on inputs (the default runs
             :func:`~chkpt_opt.measurement.step.time_step`).
+        deadline: no round starts that the round before shows would end past it; where
+            fewer than :data:`MIN_ROUNDS` rounds were timed then, the plan (the first
+            candidate) is kept (``rounds`` says how many ran).
 
     Raises:
         ValueError: no candidate, or ``rounds`` below 1.
@@ -170,6 +175,7 @@ def fastest(
     samples: dict[str, list[float]] = {name: [] for name in names}
     with preserved_state(traced.captured.module):
         for i in range(rounds + 1):
+            round_start = time.perf_counter()
             shift = i % len(names)
             for name in names[shift:] + names[:shift]:
                 for p in params:
@@ -177,13 +183,21 @@ def fastest(
                 elapsed = timer(modules[name], traced.args, traced.kwargs)
                 if i > 0:
                     samples[name].append(elapsed)
+            left_s = deadline.remaining_s()
+            if i < rounds and left_s is not None and time.perf_counter() - round_start > left_s:
+                log.info("timed choice: stopped after %d rounds at the time limit", i)
+                break
+    timed = len(samples[names[0]])
+    if timed < min(rounds, MIN_ROUNDS):
+        ratios = {names[0]: 1.0}
+        return TimedChoice(names[0], ratios, timed, time.perf_counter() - timing_start)
     reference = samples[names[0]]
     ratios = {
         name: statistics.median(a / b for a, b in zip(samples[name], reference, strict=True))
         for name in names
     }
     chosen = min(names, key=lambda name: (ratios[name], names.index(name)))
-    return TimedChoice(chosen, ratios, rounds, time.perf_counter() - timing_start)
+    return TimedChoice(chosen, ratios, timed, time.perf_counter() - timing_start)
 
 
 def wanted(graph: CostGraph, *, solver: str, sharded: bool) -> bool:
@@ -211,6 +225,17 @@ def prepare_choice(
     return layouts, rounds, (rounds + 1) * round_s if rounds else 0.0
 
 
+def rounds_left(rounds: int, reserved_s: float, left_s: float | None) -> int:
+    """Of the ``rounds`` that :func:`prepare_choice` reserved ``reserved_s`` seconds for,
+    the most that fit in the ``left_s`` seconds left of the limit after the solve (all of
+    them without a limit); 0 where fewer than :data:`MIN_ROUNDS` fit."""
+    if left_s is None or rounds < 1:
+        return rounds
+    round_s = reserved_s / (rounds + 1)
+    fitting = rounds if round_s <= 0 else min(rounds, int(left_s / round_s) - 1)
+    return fitting if fitting >= MIN_ROUNDS else 0
+
+
 def with_timed_choice(
     traced: Traced,
     graph: CostGraph,
@@ -219,6 +244,7 @@ def with_timed_choice(
     rounds: int,
     *,
     timer: Timer = time_step,
+    deadline: Deadline = NO_DEADLINE,
 ) -> SolveResult:
     """``result`` if its schedule ran fastest against the ``layouts`` that differ from it,
     else the result of the fastest layout: its simulated peak and recomputation, status
@@ -238,8 +264,12 @@ def with_timed_choice(
         log.debug("timed choice: not made: %s", why)
         untimed = {"chosen": PLAN, **why, "ratios": {}, "rounds": 0, "seconds": 0.0}
         return dataclasses.replace(result, stats={**result.stats, "timed_choice": untimed})
-    choice = fastest(traced, graph, {PLAN: result.schedule, **others}, rounds=rounds, timer=timer)
+    candidates = {PLAN: result.schedule, **others}
+    choice = fastest(traced, graph, candidates, rounds=rounds, timer=timer, deadline=deadline)
     stats = {**result.stats, "timed_choice": choice.as_stats()}
+    if choice.rounds < min(rounds, MIN_ROUNDS):
+        skipped = f"the time limit left room for {choice.rounds} of {rounds} rounds"
+        stats["timed_choice"] = {**choice.as_stats(), "skipped": skipped}
     if choice.chosen == PLAN:
         return dataclasses.replace(result, stats=stats)
     profile = simulate(graph, others[choice.chosen])

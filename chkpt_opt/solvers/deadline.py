@@ -15,7 +15,7 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -101,6 +101,12 @@ def stage(name: str, deadline: Deadline, seconds: dict[str, float] | None = None
         if seconds is not None:
             seconds[name] = seconds.get(name, 0.0) + took_s
         log.info("planning: %s finished in %.2f s", name, took_s)
+
+
+def add_seconds(total: dict[str, float], seconds: Mapping[str, float]) -> None:
+    """Adds each stage's ``seconds`` into ``total`` (what :func:`stage` recorded)."""
+    for name, stage_s in seconds.items():
+        total[name] = total.get(name, 0.0) + stage_s
 
 
 GRACE_S = 1.0
