@@ -1,5 +1,6 @@
 """What a training call is keyed by: its inputs' structure, shapes and dtypes, the model's
-precision, and autocast.
+precision, autocast, and whether the parameters' gradients are alive at the call
+(:mod:`chkpt_opt.attachment.step_state`).
 
 A captured graph is exact for one key: torch.export bakes shapes, constants, the
 parameters' dtype and the autocast state into it. Two keys of one *family* differ only in
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from chkpt_opt.attachment.step_state import gradients_held
 from chkpt_opt.graphs.tracer.dynamic_dims import leaf_path
 
 _CONSTANTS = (bool, int, float, str, type(None), torch.dtype, torch.device)
@@ -50,11 +52,14 @@ class CallKey:
         weights: the dtype and device of the model's first floating-point parameter, and
             how many parameters require gradients.
         autocast: for CPU and CUDA, whether autocast is on and its dtype.
+        grads_held: whether the parameters' gradients are alive at the call (gradient
+            accumulation), which the step's memory counts from its start.
     """
 
     leaves: tuple[TensorLeaf | ConstantLeaf, ...]
     weights: tuple[object, ...]
     autocast: tuple[tuple[str, bool, torch.dtype], ...]
+    grads_held: bool = False
 
     @property
     def family(self) -> tuple[object, ...]:
@@ -65,7 +70,7 @@ class CallKey:
             else leaf
             for leaf in self.leaves
         )
-        return (leaves, self.weights, self.autocast)
+        return (leaves, self.weights, self.autocast, self.grads_held)
 
     @property
     def input_elements(self) -> int:
@@ -83,7 +88,8 @@ class CallKey:
             f"{leaf.path}{list(leaf.shape)}" for leaf in self.leaves if isinstance(leaf, TensorLeaf)
         )
         on = [f"{device} {dtype}" for device, enabled, dtype in self.autocast if enabled]
-        return shapes + (f" under autocast ({', '.join(on)})" if on else "")
+        held = " with gradients held" if self.grads_held else ""
+        return shapes + (f" under autocast ({', '.join(on)})" if on else "") + held
 
 
 def call_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallKey:
@@ -116,7 +122,7 @@ def call_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
                 "inputs are tensors, plain constants, or tuples, lists and dicts of them. Pass "
                 "it as tensors, or call chkpt_opt.detach(model) to train without the plan."
             )
-    return CallKey(tuple(leaves), _weights(model), _autocast_state())
+    return CallKey(tuple(leaves), _weights(model), _autocast_state(), gradients_held(model))
 
 
 def _weights(model: torch.nn.Module) -> tuple[object, ...]:

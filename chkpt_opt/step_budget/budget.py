@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
+from chkpt_opt.memory_model.sequence.gradients import PARAM_GRADS_HELD
 
 _UNITS: dict[str, int] = {
     "B": 1,
@@ -185,7 +186,8 @@ class StaticMemory:
             optimizer phase of the step.
         resident_grad_bytes: the part of ``grad_bytes`` counted resident rather than placed
             in time by the simulator (sharded gradients under FSDP2, DDP's buckets when
-            gradients are views of them; 0 on one device).
+            gradients are views of them, gradients held from the step's start under
+            gradient accumulation; else 0).
         communication_bytes: per-rank memory of sharded training beyond the states: FSDP2's
             unsharded parameters of the units alive at once and one unit's unsharded
             gradients with its reduce-scatter buffer, DDP's gradient buckets (see
@@ -356,8 +358,14 @@ def static_memory(
     largest_param_bytes: int | None = None,
     optimizer: OptimizerSpec | None,
     foreach: bool = False,
+    grads_held: bool = False,
 ) -> StaticMemory:
     """Computes the resident memory of a training step (the one documented formula).
+
+    ``grads_held``: the step starts with the parameters' gradients alive (gradient
+    accumulation after the first micro-batch, ``zero_grad(set_to_none=False)``), so they
+    are resident too; the graph the simulator reads for such a step creates none
+    (:func:`chkpt_opt.memory_model.sequence.gradients.holding_parameter_gradients`).
 
     Optimizer state is ``state_copies`` times the trainable parameter bytes, plus one step
     counter per trainable tensor. The temporaries of one optimizer step are
@@ -387,6 +395,7 @@ def static_memory(
         optimizer_state_bytes=state,
         grad_bytes=trainable_param_bytes,
         optimizer_step_extra_bytes=extra,
+        resident_grad_bytes=trainable_param_bytes if grads_held else 0,
     )
 
 
@@ -396,7 +405,9 @@ def graph_static_memory(
     """:func:`static_memory` from a cost graph's attributes (``graph.graph``).
 
     ``foreach`` defaults to True for graphs traced for CUDA (or on the meta device), where
-    PyTorch's optimizers use their ``foreach`` implementations.
+    PyTorch's optimizers use their ``foreach`` implementations. A graph that says
+    :data:`~chkpt_opt.memory_model.sequence.gradients.PARAM_GRADS_HELD` counts the
+    gradients resident.
     """
     device = str(graph_attrs.get("device_type", "cpu"))
     return static_memory(
@@ -408,4 +419,5 @@ def graph_static_memory(
         largest_param_bytes=int(graph_attrs.get("largest_param_bytes", 0)) or None,  # type: ignore[call-overload]
         optimizer=optimizer,
         foreach=device in ("cuda", "meta") if foreach is None else foreach,
+        grads_held=bool(graph_attrs.get(PARAM_GRADS_HELD, False)),
     )

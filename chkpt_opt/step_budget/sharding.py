@@ -45,6 +45,7 @@ from typing import Any
 
 from chkpt_opt.errors import BudgetError
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.memory_model.sequence.gradients import PARAM_GRADS_HELD
 from chkpt_opt.step_budget.budget import OptimizerSpec, StaticMemory, static_memory
 
 STRATEGIES = ("fsdp2", "ddp")
@@ -238,10 +239,11 @@ def rank_static_memory(
             strategy="fsdp2",
         )
     buckets = rank_trainable
+    held = sharding.gradient_as_bucket_view or bool(g.get(PARAM_GRADS_HELD))
     return dataclasses.replace(
         base,
         grad_bytes=rank_trainable,
-        resident_grad_bytes=rank_trainable if sharding.gradient_as_bucket_view else 0,
+        resident_grad_bytes=rank_trainable if held else 0,
         communication_bytes=0 if sharding.gradient_as_bucket_view else buckets,
         world_size=sharding.world_size,
         strategy="ddp",

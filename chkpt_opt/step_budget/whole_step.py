@@ -25,6 +25,7 @@ import torch
 from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.sequence.gradients import PARAM_GRADS_HELD
 from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
 from chkpt_opt.step_budget.budget import (
@@ -111,7 +112,9 @@ def static_memory_for(
         optimizer=spec,
         foreach=device in ("cuda", "meta") if foreach is None else foreach,
     )
-    return dataclasses.replace(static, grad_bytes=g["trainable_param_bytes"])
+    grads = int(g["trainable_param_bytes"])
+    held = grads if g.get(PARAM_GRADS_HELD) else 0
+    return dataclasses.replace(static, grad_bytes=grads, resident_grad_bytes=held)
 
 
 def _device_total_bytes(graph: CostGraph) -> int | None:
