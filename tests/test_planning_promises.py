@@ -14,9 +14,12 @@ import pytest
 import torch
 
 import chkpt_opt
+from chkpt_opt import api
+from chkpt_opt.api import Plan
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
-from chkpt_opt.solvers import SolveStatus
+from chkpt_opt.solvers import SolveStatus, get_solver
+from chkpt_opt.solvers.deadline import Deadline
 from tests.attachment.tiny_models import tiny_llama
 
 transformers = pytest.importorskip("transformers")
@@ -43,10 +46,9 @@ def _batch() -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def budget_bytes() -> int:
-    """The whole step (AdamW) at 60% of a 4-layer Llama's keep-all activations: no
-    schedule is proven optimal within the limit there (the full solve takes longer)."""
-    base = chkpt_opt.plan(
+def keep_all_plan() -> Plan:
+    """A 4-layer Llama's keep-all plan (the whole step with AdamW, estimated op times)."""
+    return chkpt_opt.plan(
         tiny_llama(vocab=VOCAB, layers=4, max_positions=128),
         (),
         example_kwargs=_batch(),
@@ -54,7 +56,14 @@ def budget_bytes() -> int:
         solver="keep_all",
         profile_times=False,
     )
-    return base.static.step_peak_bytes(int(0.6 * simulate(base.graph, Schedule()).peak_bytes))
+
+
+@pytest.fixture(scope="module")
+def budget_bytes(keep_all_plan: Plan) -> int:
+    """The whole step at 60% of the keep-all activations: no schedule is proven optimal
+    within the limit there (the full solve takes longer)."""
+    activations = int(0.6 * simulate(keep_all_plan.graph, Schedule()).peak_bytes)
+    return keep_all_plan.static.step_peak_bytes(activations)
 
 
 def _new_threads(before: set[threading.Thread]) -> list[str]:
@@ -105,3 +114,16 @@ def test_the_first_training_step_plans_within_the_limit_and_leaves_nothing_runni
     for name in STAGES:  # progress at INFO: each stage started and finished
         assert f"planning: {name} started" in caplog.text
         assert f"planning: {name} finished in" in caplog.text
+
+
+def test_a_solve_cut_short_by_the_stages_before_it_falls_back_to_the_lowest_peak(
+    keep_all_plan: Plan, budget_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load the capture can take the whole limit; a solve left 1 s that finds nothing
+    is no proof that nothing fits: the lowest-peak schedule is taken where it fits."""
+    keep_all = get_solver("keep_all")  # what a solve left no time may return: no fit
+    monkeypatch.setattr(api, "get_solver", lambda name, **settings: keep_all)
+    made = api.plan_traced(keep_all_plan.traced, budget=budget_bytes, deadline=Deadline.after(0.0))
+    assert made.result.feasible and made.result.stats["chosen"] == "smallest_peak"
+    assert made.result.stats["solve_cut_short"] == "infeasible"
+    assert made.static.step_peak_bytes(made.profile.peak_bytes) <= budget_bytes

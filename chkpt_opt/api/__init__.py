@@ -45,7 +45,8 @@ from chkpt_opt.measurement.timed_choice import (
 )
 from chkpt_opt.memory_model.schedule_io import load_schedule
 from chkpt_opt.memory_model.simulate import simulate
-from chkpt_opt.solvers import get_solver, smallest_peak
+from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
+from chkpt_opt.solvers.base import result_from_profile
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, stage
 from chkpt_opt.step_budget.budget import Budget
 from chkpt_opt.step_budget.sharding import (
@@ -258,6 +259,8 @@ def plan_traced(
     )
     with stage("solve", deadline, seconds):
         result = get_solver(solver)(graph, act, time_limit_s=left_s(reserved_s))
+        if not result.feasible and not result.proves_infeasible and deadline.expired():
+            result = _lowest_if_it_fits(graph, act, result, left_s())
     if not result.feasible:
         raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s())
     if timed_choice:
@@ -275,6 +278,27 @@ def plan_traced(
         profile=simulate(graph, result.schedule),
         traced=traced,
         sharding=sharding,
+    )
+
+
+def _lowest_if_it_fits(
+    graph: CostGraph, budget_bytes: int, result: SolveResult, time_limit_s: float | None
+) -> SolveResult:
+    """``result`` (nothing that fits, nothing proven), or the lowest-peak schedule where it
+    fits ``budget_bytes``: a solve cut short by the stages before it (a capture that took
+    the whole limit under load) can miss what the lowest-peak search finds."""
+    lowest = smallest_peak(graph, time_limit_s=time_limit_s)
+    if lowest.peak_bytes > budget_bytes:
+        return result
+    log.info("planning: the solve found nothing that fits in its time; the lowest peak does")
+    profile = simulate(graph, lowest.schedule)
+    return result_from_profile(
+        lowest.schedule,
+        profile,
+        budget_bytes=budget_bytes,
+        solver=result.solver,
+        solve_s=result.solve_s + lowest.solve_s,
+        stats={"chosen": "smallest_peak", "solve_cut_short": result.status.value},
     )
 
 
