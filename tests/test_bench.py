@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
+import chkpt_opt
 import chkpt_opt.solvers
+from chkpt_opt import zoo
+from chkpt_opt.bench.max_batch import largest, max_batch_size
 from chkpt_opt.bench.sweep import (
     COLUMNS,
     SweepFileError,
@@ -267,3 +270,56 @@ def test_an_unreachable_ray_cluster_is_a_clear_error(
     assert code == EXIT_INPUT
     err = capsys.readouterr().err
     assert f"cannot connect to the Ray cluster at '{address}'" in err and "Traceback" not in err
+
+
+# -- the largest batch ----------------------------------------------------------------------
+
+
+def _mlp(batch: int) -> tuple:
+    return zoo.mlp(width=64, depth=12, batch=64 * batch)
+
+
+def _fits(batch: int, budget: str) -> tuple[bool, bool]:
+    """Whether keep-all and the greedy solver's schedule fit ``budget`` at ``batch``,
+    asked directly (no search)."""
+    model, args, kwargs = _mlp(batch)
+    graph = chkpt_opt.trace(model, args, kwargs)
+    parsed, static, _ = chkpt_opt.activation_budget(graph, budget, optimizer=None)
+    keep = chkpt_opt.simulate(graph, chkpt_opt.Schedule()).peak_bytes
+    planned = chkpt_opt.solve(graph, budget, solver="greedy", optimizer=None).feasible
+    return static.step_peak_bytes(keep) <= parsed.total_bytes, planned
+
+
+@pytest.mark.slow  # 45 s on a loaded 2-core machine: about 20 captures of the MLP
+def test_max_batch_answers_are_the_boundaries_and_keep_all_batches_are_never_solved() -> None:
+    budget = "2MB"
+    result = max_batch_size(_mlp, budget, solver="greedy", optimizer=None, max_batch=32)
+    assert 1 <= result.without_checkpointing < result.with_plan < 32
+    keep, _ = _fits(result.without_checkpointing, budget)
+    keep_next, _ = _fits(result.without_checkpointing + 1, budget)
+    _, plan = _fits(result.with_plan, budget)
+    _, plan_next = _fits(result.with_plan + 1, budget)
+    assert keep and not keep_next and plan and not plan_next
+    settled = {batch for batch, keep_fits, _ in result.probes if keep_fits}
+    assert result.solved and settled.isdisjoint(result.solved)
+    # doubling from the keep-all answer, then bisecting: the old search solved at every
+    # probe from batch 1 on (here 1, 2, 4, 8, 16, then bisection steps)
+    doublings = (result.with_plan // result.without_checkpointing).bit_length()
+    assert len(result.solved) <= doublings + result.without_checkpointing.bit_length() + 1
+    for batch, keep_fits, plan_fits in result.probes:
+        assert plan_fits == (batch <= result.with_plan)
+        assert keep_fits == (batch <= result.without_checkpointing)
+
+
+@pytest.mark.parametrize("start", [1, 2, 5, 9])
+def test_largest_finds_the_threshold_from_a_start_that_fits(start: int) -> None:
+    for threshold in range(start if start > 1 else 0, 40):
+        asked: list[int] = []
+
+        def fits(n: int, threshold: int = threshold, asked: list[int] = asked) -> bool:
+            asked.append(n)
+            return n <= threshold
+
+        assert largest(fits, 30, start=start) == min(threshold, 30)
+        assert all(start <= n <= 30 for n in asked)
+        assert len(asked) == len(set(asked))

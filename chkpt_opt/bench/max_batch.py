@@ -1,8 +1,15 @@
 """The largest batch that fits a budget, with the best plan and without checkpointing.
 
 Checkmate's headline measure: how much larger a batch a memory budget admits once the
-schedule is optimized. Feasibility grows monotonically smaller with the batch, so the
+schedule is optimized. Feasibility grows monotonically smaller with the batch, so each
 search doubles the batch until it fails, then bisects.
+
+Each batch is traced once (on fake tensors, op times estimated: no model run) and what it
+needs is asked in order of cost: whether keeping every activation fits (a simulation, no
+solve), then, only where it does not, whether the solver finds a schedule that fits (one
+solve, at most ``time_limit_s``). Keep-all fitting means a plan fits too, so the search
+without checkpointing runs first and the search with a plan starts from its answer; a batch
+the first search settled is never solved.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chkpt_opt.errors import BudgetError, InfeasibleBudgetError
+from chkpt_opt.errors import BudgetError
 
 
 @dataclass(frozen=True)
@@ -20,10 +27,14 @@ class MaxBatch:
 
     Attributes:
         budget_bytes: the whole-step budget.
-        with_plan: largest batch for which the solver finds a schedule that fits (0: none).
+        with_plan: largest batch for which a schedule fits: keep-all, or the one the solver
+            finds (0: none).
         without_checkpointing: largest batch that fits keeping every activation (0: none).
         solver: the solver used.
-        probes: batches tried, with whether each fitted ``(batch, keep_all_fits, plan_fits)``.
+        probes: batches tried, with whether each fitted ``(batch, keep_all_fits, plan_fits)``;
+            ``plan_fits`` is True where keep-all fits, the solver's answer where it ran
+            (``solved``), and else what monotonicity gives (a batch at most ``with_plan``).
+        solved: the batches the solver ran on.
     """
 
     budget_bytes: int
@@ -31,6 +42,7 @@ class MaxBatch:
     without_checkpointing: int
     solver: str
     probes: tuple[tuple[int, bool, bool], ...]
+    solved: tuple[int, ...] = ()
 
     @property
     def gain(self) -> float | None:
@@ -38,8 +50,11 @@ class MaxBatch:
         return self.with_plan / self.without_checkpointing if self.without_checkpointing else None
 
 
-def _largest(fits: Callable[[int], bool], limit: int) -> int:
-    lo, hi = 0, 1
+def largest(fits: Callable[[int], bool], limit: int, start: int = 1) -> int:
+    """The largest ``n <= limit`` with ``fits(n)``, for a ``fits`` true up to some point and
+    false beyond: doubling from ``start`` (known to fit where ``start > 1``; ``1`` is asked)
+    until it fails, then bisection; 0 where not even 1 fits."""
+    lo, hi = (start, start * 2) if start > 1 else (0, 1)
     while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
     hi = min(hi, limit + 1)
@@ -69,42 +84,59 @@ def max_batch_size(
         solver: solver for the "with plan" search.
         optimizer: optimizer whose state counts in the budget.
         max_batch: upper end of the search.
-        time_limit_s: per-solve time limit.
+        time_limit_s: time limit of each solve (None: the solver's default).
     """
     import chkpt_opt
 
-    cache: dict[int, tuple[bool, bool]] = {}
+    keep_fits: dict[int, bool] = {}
+    plan_fits: dict[int, bool] = {}
+    graphs: dict[int, Any] = {}
 
-    def probe(batch: int) -> tuple[bool, bool]:
-        if batch not in cache:
+    def graph_of(batch: int) -> Any:
+        if batch not in graphs:
             model, args, kwargs = build(batch)
-            try:
-                plan = chkpt_opt.plan(
-                    model,
-                    args,
-                    example_kwargs=kwargs,
-                    budget=budget,
-                    solver=solver,
-                    optimizer=optimizer,
-                    time_limit_s=time_limit_s,
-                )
-            except (InfeasibleBudgetError, BudgetError):
-                cache[batch] = (False, False)
-            else:
-                keep_all = plan.static.resident_bytes + max(
-                    chkpt_opt.simulate(plan.graph, chkpt_opt.Schedule()).peak_bytes,
-                    plan.static.optimizer_phase_bytes,
-                )
-                cache[batch] = (keep_all <= plan.budget.total_bytes, True)
-        return cache[batch]
+            graphs[batch] = chkpt_opt.trace(model, args, kwargs)
+        return graphs[batch]
 
-    with_plan = _largest(lambda b: probe(b)[1], max_batch)
-    without = _largest(lambda b: probe(b)[0], max_batch)
+    def keeps(batch: int) -> bool:
+        if batch not in keep_fits:
+            graph = graph_of(batch)
+            try:
+                parsed, static, _ = chkpt_opt.activation_budget(graph, budget, optimizer=optimizer)
+            except BudgetError:  # the resident memory alone exceeds the budget
+                keep_fits[batch] = plan_fits[batch] = False
+                return False
+            keep_all = chkpt_opt.simulate(graph, chkpt_opt.Schedule()).peak_bytes
+            keep_fits[batch] = static.step_peak_bytes(keep_all) <= parsed.total_bytes
+        return keep_fits[batch]
+
+    def plans(batch: int) -> bool:
+        if batch not in plan_fits:
+            if keeps(batch):
+                plan_fits[batch] = True
+                graphs.pop(batch, None)
+            else:
+                graph = graph_of(batch)
+                result = chkpt_opt.solve(
+                    graph, budget, solver=solver, optimizer=optimizer, time_limit_s=time_limit_s
+                )
+                plan_fits[batch] = result.feasible
+                solved.append(batch)
+                graphs.pop(batch, None)  # settled: its graph is not needed again
+        return plan_fits[batch]
+
+    solved: list[int] = []
+    without = largest(keeps, max_batch)
+    with_plan = largest(plans, max_batch, start=without)
     parsed = chkpt_opt.parse_budget(budget)
     return MaxBatch(
         budget_bytes=parsed.total_bytes,
         with_plan=with_plan,
         without_checkpointing=without,
         solver=solver,
-        probes=tuple((b, *cache[b]) for b in sorted(cache)),
+        probes=tuple(
+            (b, keep_fits[b], plan_fits.get(b, keep_fits[b] or b <= with_plan))
+            for b in sorted(keep_fits)
+        ),
+        solved=tuple(solved),
     )
