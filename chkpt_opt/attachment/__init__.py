@@ -31,6 +31,7 @@ import torch
 from chkpt_opt.attachment.attached import AttachedForward, Attachment
 from chkpt_opt.attachment.call_inputs import positional
 from chkpt_opt.attachment.call_key import CallKey
+from chkpt_opt.attachment.compiled_call import refuse_compiled
 from chkpt_opt.attachment.layerwise import LayerwiseAttachment, attach_layerwise
 from chkpt_opt.attachment.runner import AttachmentStats, Runner
 from chkpt_opt.errors import ChkptOptError
@@ -125,6 +126,7 @@ def optimize(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    refuse_compiled(model)  # compile after optimize (.compiled_call)
     detach(model)
     if layerwise is None:
         layerwise = sharding is not None and sharding.strategy == "fsdp2"

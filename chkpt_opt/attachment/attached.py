@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from chkpt_opt.attachment.buckets import grown_inputs
 from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
 from chkpt_opt.attachment.call_key import CallKey, call_key
+from chkpt_opt.attachment.compiled_call import compiled_training_call
 from chkpt_opt.attachment.held_outputs import dropping_outputs, watch, watched_positions
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
 from chkpt_opt.attachment.runner import (
@@ -84,6 +85,8 @@ class Attachment:
     plan_dir: Path | None = None
     own_forward: Callable[..., Any] | None = None
     sharding: Sharding | None = None
+    for_compile: bool = False  # plans what torch.compile runs (see .compiled_call)
+    compiled: Any = field(default=None, repr=False)  # its CompiledCalls, once compiled
     stats: AttachmentStats = field(default_factory=AttachmentStats)
     _runners: OrderedDict[CallKey, Runner] = field(default_factory=OrderedDict, repr=False)
     # (family, made for a loop that drops the outputs) -> (input elements, schedule)
@@ -105,6 +108,8 @@ class Attachment:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._capturing or not self.model.training or not torch.is_grad_enabled():
             return self.call_own_forward(*args, **kwargs)
+        if torch.compiler.is_compiling():  # planned outside dynamo, run compiled
+            return compiled_training_call(self, args, kwargs)
         kwargs = self.training_kwargs(kwargs)
         with planned_autocast():  # autocast's weight cache off, as planned (.step_state)
             runner = self.runner_for(args, kwargs)
@@ -354,6 +359,8 @@ class Attachment:
             deadline=deadline,  # the solve and the timed choice get what capture left
             stage_s=seconds,
         )
+        if self.for_compile:  # the plan the compiled step can run (no nesting, unpacking)
+            made = made.for_compile(time_limit_s=self.time_limit_s)
         self.stats.solve_s += time.perf_counter() - start
         log.info("chkpt_opt plan for %s:\n%s", type(self.model).__name__, made.summary())
         if self.plan_dir is not None:
