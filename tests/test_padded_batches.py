@@ -9,6 +9,7 @@ above its measured peak (:mod:`chkpt_opt.graphs.tracer.step_outputs`).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -148,3 +149,57 @@ def test_grad_outputs_round_trip_and_are_checked(planned: Any) -> None:
     again.graph["grad_outputs"] = ["no_such_node"]
     with pytest.raises(GraphFormatError, match="grad_outputs"):
         check_graph(again)
+
+
+def _dropping_peak(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """The exact peak of ``model(**batch).loss.backward()`` (Trainer's loop: the logits
+    dropped when the forward returns)."""
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(0)
+    with StorageTracker() as tracker:
+        model(**batch).loss.backward()
+    return tracker.peak_bytes
+
+
+def test_plan_captures_a_llama_as_it_ships_as_optimize_does() -> None:
+    """``plan`` on a Llama from its config (``use_cache=True``) and a padded batch without
+    ``use_cache``: captured as the attachment captures it (``use_cache=False`` added), and
+    with ``outputs_held=False`` planned for a loop that drops the logits: keep-all within
+    3% of that loop's peak, and at HF checkpointing's peak a plan that measures within it,
+    as predicted."""
+    torch.manual_seed(0)
+    model = _llama().train()
+    assert model.config.use_cache
+    batch = {k: v for k, v in _padded_batch(model).items() if k != "use_cache"}
+    keep_all = chkpt_opt.plan(
+        model,
+        (),
+        example_kwargs=batch,
+        budget=10**15,
+        optimizer=None,
+        solver="keep_all",
+        outputs_held=False,
+        profile_times=False,
+    )
+    measured = _dropping_peak(model, batch)
+    assert abs(keep_all.profile.peak_bytes / measured - 1) <= 0.03
+    assert keep_all.graph.graph["outputs"] == grad_outputs(keep_all.graph)  # logits dropped
+
+    hf = copy.deepcopy(model)
+    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    hf_peak = _dropping_peak(hf, batch)
+    made = chkpt_opt.plan(
+        model,
+        (),
+        example_kwargs=batch,
+        budget=keep_all.static.resident_bytes + hf_peak,
+        optimizer=None,
+        outputs_held=False,
+        time_limit_s=10,
+    )
+    assert made.graph.graph["cost_model"] == "measured-cpu"  # as optimize() plans on the CPU
+    assert "timed_choice" in made.result.stats
+    planned = _dropping_peak(made.apply(), {**batch, "use_cache": False})  # the call captured
+    assert planned <= hf_peak
+    assert abs(made.profile.peak_bytes / planned - 1) <= 0.03
