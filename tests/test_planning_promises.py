@@ -15,7 +15,7 @@ import torch
 
 import chkpt_opt
 from chkpt_opt import api
-from chkpt_opt.api import Plan
+from chkpt_opt.api import MIN_SOLVE_S, Plan
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
@@ -26,11 +26,10 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 512
 LIMIT_S = 10.0
-STEP_LIMIT_S = 20.0
-"""The first training step captures twice (fixed and symbolic sizes, 4-13 s together for
-this model on 2 loaded cores), which no limit cuts short."""
 SLACK_S = 5.0
 STAGES = {"capture", "op timing", "solve", "timed choice"}
+"""The stages of planning; the timed choice runs only on measured op times."""
+RUN = {"capture", "op timing", "solve"}
 
 
 def child_pids() -> list[int]:
@@ -66,6 +65,13 @@ def budget_bytes(keep_all_plan: Plan) -> int:
     return keep_all_plan.static.step_peak_bytes(activations)
 
 
+def _promised_s(limit_s: float, planning: dict[str, float]) -> float:
+    """What planning may take: the limit, or where the capture (which nothing cuts short)
+    took it, the capture and the solver's least time (op timing is then skipped); plus
+    the slack for judging results and for the load of a shared machine."""
+    return max(limit_s, planning["capture"] + MIN_SOLVE_S) + SLACK_S
+
+
 def _new_threads(before: set[threading.Thread]) -> list[str]:
     """Threads alive now that were not before, but tqdm's monitor (a daemon that tqdm starts
     with its first progress bar, one of which torch.export's capture shows, and keeps)."""
@@ -85,10 +91,10 @@ def test_plan_returns_within_its_limit_and_leaves_nothing_running(budget_bytes: 
     )
     elapsed = time.perf_counter() - start
     assert made.result.status != SolveStatus.OPTIMAL  # the full solve would take longer
-    assert elapsed <= LIMIT_S + SLACK_S, (elapsed, made.result.stats["planning_s"])
+    assert elapsed <= _promised_s(LIMIT_S, made.result.stats["planning_s"]), made.result.stats
     assert not _new_threads(before) and not child_pids()
     planning: dict[str, Any] = made.result.stats["planning_s"]
-    assert set(planning) == STAGES
+    assert RUN <= set(planning) <= STAGES
     assert sum(planning.values()) <= elapsed + 0.1
 
 
@@ -98,7 +104,7 @@ def test_the_first_training_step_plans_within_the_limit_and_leaves_nothing_runni
     model = chkpt_opt.optimize(
         tiny_llama(vocab=VOCAB, layers=4, max_positions=128),
         budget=budget_bytes,
-        time_limit_s=STEP_LIMIT_S,
+        time_limit_s=LIMIT_S,
     )
     attachment = chkpt_opt.attachment_of(model)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -106,12 +112,13 @@ def test_the_first_training_step_plans_within_the_limit_and_leaves_nothing_runni
     with caplog.at_level("INFO", logger="chkpt_opt"):
         model(**_batch()).loss.backward()
         optimizer.step()
-    assert attachment.stats.solves == 1
-    assert attachment.stats.prepare_s <= STEP_LIMIT_S + SLACK_S, attachment.stats
-    assert set(attachment.stats.planning_s) == STAGES
+    stats = attachment.stats
+    assert stats.solves == 1
+    assert attachment.stats.prepare_s <= _promised_s(LIMIT_S, stats.planning_s), stats
+    assert RUN <= set(stats.planning_s) <= STAGES
     assert sum(attachment.stats.planning_s.values()) <= attachment.stats.prepare_s
     assert not _new_threads(before) and not child_pids()
-    for name in STAGES:  # progress at INFO: each stage started and finished
+    for name in stats.planning_s:  # progress at INFO: each stage started and finished
         assert f"planning: {name} started" in caplog.text
         assert f"planning: {name} finished in" in caplog.text
 

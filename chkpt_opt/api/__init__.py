@@ -38,6 +38,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement import measure_traced, trace_and_measure
 from chkpt_opt.measurement.timed_choice import (
+    op_timing_fits,
     prepare_choice,
     rounds_left,
     wanted,
@@ -83,9 +84,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MIN_SOLVE_S = 1.0
-"""The least time the solver gets, however little the stages before it left (the
-heuristics give a schedule in that time where one fits)."""
+MIN_SOLVE_S = 5.0
+"""The least time the solver gets, however little the stages before it left: on 2 cores
+under a load of 8, a 2-layer Llama's capture took 10.9 s of a 10 s limit, and ``auto`` left
+1 s found no schedule where HF checkpointing's budget fits (its heuristics alone took 1.6 s
+there)."""
 
 
 def plan(
@@ -117,11 +120,12 @@ def plan(
             model takes it (through wrappers such as ``peft``'s) and they do not say, as
             :func:`chkpt_opt.optimize` does (:mod:`chkpt_opt.attachment.call_inputs`).
         time_limit_s: time limit of the whole call: one deadline from its start for the
-            capture, the op timing, the solve (what they leave, less what the timed choice
-            reserves; at least one second) and the timed choice (what the solve leaves);
-            the search for the smallest feasible budget, when the budget cannot be met,
-            gets what is left too (at least one second). None: each solve's own default
-            (``auto``: 60 s). ``result.stats["planning_s"]`` holds each stage's seconds.
+            capture, the op timing, the solve (what they leave, less what the timed
+            choice reserves; at least :data:`MIN_SOLVE_S`) and the timed choice (what the
+            solve leaves); the search for the smallest feasible budget, when the budget
+            cannot be met, gets what is left too (at least :data:`MIN_SOLVE_S`). None: each
+            solve's own default (``auto``: 60 s). ``result.stats["planning_s"]`` holds each
+            stage's seconds.
         tracer: ``"auto"`` (torch.export, then torch.fx), ``"export"`` or ``"fx"``.
         profile_times: time every op's forward on the model's device, so the solver weighs
             recomputation by measured rather than estimated times (runs the model a few
@@ -200,7 +204,7 @@ def _traced(
     with stage("capture", *stages):
         traced = trace_and_measure(model, example_inputs, kwargs, name=name, method=tracer)
     with stage("op timing", *stages):
-        measured = measures_times(profile_times, traced.graph)
+        measured = measures_times(profile_times, traced.graph) and op_timing_fits(stages[0])
         return measure_traced(traced, profile_times=measured)
 
 
@@ -219,8 +223,8 @@ def plan_traced(
     """:func:`plan` for a model already traced: the budget split, the solve and the
     simulation of its schedule, on ``traced.graph`` as it is (measure it first through
     :func:`chkpt_opt.measurement.measure_traced`, as :func:`plan` does). ``time_limit_s``
-    bounds this call (at least one second for the solver, and again for the search for the
-    smallest feasible budget when the budget cannot be met); ``sharding`` as in
+    bounds this call (at least :data:`MIN_SOLVE_S` for the solver, and again for the search
+    for the smallest feasible budget when the budget cannot be met); ``sharding`` as in
     :func:`plan`.
 
     ``timed_choice``: time the solver's schedule against the model's own checkpointing

@@ -56,6 +56,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.measurement import measure_traced, trace_and_measure
+from chkpt_opt.measurement.timed_choice import op_timing_fits
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.sequence.gradients import holding_parameter_gradients
 from chkpt_opt.memory_model.simulate import simulate
@@ -342,7 +343,8 @@ class Attachment:
         start = time.perf_counter()
         deadline, seconds = self._planning or (Deadline.after(self.time_limit_s), {})
         with stage("op timing", deadline, seconds):
-            measure_traced(traced, profile_times=self._profiles_times(traced.graph))
+            timed = self._profiles_times(traced.graph) and op_timing_fits(deadline)
+            measure_traced(traced, profile_times=timed)
         log.info(
             "chkpt_opt: solving for %s (%d ops) under %s, solver %s",
             type(self.model).__name__,
