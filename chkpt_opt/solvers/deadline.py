@@ -1,4 +1,10 @@
-"""The one deadline value every solver, engine and model builder shares.
+"""The one deadline value every solver, engine and model builder shares, and planning's
+stages with it (:func:`stage`: logged at INFO, timed).
+
+A native solve runs within it so that nothing is left running when it returns: on the
+caller's thread with a watchdog that interrupts it past the deadline (:func:`run_stoppable`:
+CP-SAT, SCIP), or, where the solver cannot be interrupted (HiGHS through OR-Tools), in a
+child process killed past the deadline (:func:`run_child`).
 
 Example:
     >>> d = Deadline.after(None)
