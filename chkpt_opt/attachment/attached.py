@@ -49,7 +49,7 @@ from chkpt_opt.attachment.runner import (
     served_keys,
 )
 from chkpt_opt.attachment.size_one import serving_at_size_one
-from chkpt_opt.attachment.step_state import planned_autocast
+from chkpt_opt.attachment.step_state import planned_autocast, shared_gradient_bytes
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.errors import InfeasibleBudgetError, TraceError
 from chkpt_opt.graphs.costgraph import CostGraph
@@ -244,7 +244,9 @@ class Attachment:
         if drops:
             traced = dataclasses.replace(traced, graph=dropping_outputs(traced.graph))
         if key.grads_held:  # gradients alive from the start (.step_state)
-            traced = dataclasses.replace(traced, graph=holding_parameter_gradients(traced.graph))
+            shared = shared_gradient_bytes(traced.captured.module, traced.graph)
+            held = holding_parameter_gradients(traced.graph, shared)
+            traced = dataclasses.replace(traced, graph=held)
         _, static, act = activation_budget(
             traced.graph, self.budget, optimizer=self.optimizer, sharding=self.sharding
         )

@@ -34,6 +34,44 @@ from collections.abc import Iterator
 
 import torch
 
+from chkpt_opt.fx_attrs import fetch_attr
+from chkpt_opt.graphs.costgraph import CostGraph
+
+
+def shared_gradient_bytes(module: torch.fx.GraphModule, graph: CostGraph) -> dict[str, int]:
+    """For the ops of ``graph`` (the cost graph of the capture ``module``) whose backward
+    creates first the gradient of a parameter that other ops read too (a tied embedding
+    and LM head): the bytes of those gradients, which wait in autograd's input buffer for
+    the other readers' (see
+    :func:`~chkpt_opt.memory_model.sequence.gradients.holding_parameter_gradients`)."""
+    readers: dict[int, list[str]] = {}
+    sizes: dict[int, int] = {}
+    for node in module.graph.nodes:
+        if node.name not in graph or not graph.nodes[node.name]["has_backward"]:
+            continue
+        for param in _params_read(module, node):
+            readers.setdefault(id(param), []).append(node.name)
+            sizes[id(param)] = param.numel() * param.element_size()
+    shared: dict[str, int] = {}
+    for key, names in readers.items():
+        if len(set(names)) > 1:  # the last reader's backward creates it first
+            shared[names[-1]] = shared.get(names[-1], 0) + sizes[key]
+    return shared
+
+
+def _params_read(module: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.nn.Parameter]:
+    """The trainable parameters an op reads (as the tracer finds them)."""
+    if node.op == "call_module":
+        params = module.get_submodule(str(node.target)).parameters()
+        return [p for p in params if p.requires_grad]
+    found = []
+    for arg in node.all_input_nodes:
+        if arg.op == "get_attr":
+            value = fetch_attr(module, str(arg.target))
+            if isinstance(value, torch.nn.Parameter) and value.requires_grad:
+                found.append(value)
+    return found
+
 
 def gradients_held(model: torch.nn.Module) -> bool:
     """Whether any trainable parameter of ``model`` has its gradient allocated now (at a

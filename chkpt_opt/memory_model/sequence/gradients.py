@@ -43,7 +43,9 @@ GradientSum = tuple[str, bool, bool]
 """(input, summed in place, summed into a new buffer that replaces the caller's seed)."""
 
 
-def holding_parameter_gradients(graph: CostGraph) -> CostGraph:
+def holding_parameter_gradients(
+    graph: CostGraph, shared_grad_bytes: Mapping[str, int] | None = None
+) -> CostGraph:
     """A copy of ``graph`` for a step that starts with the parameters' gradients alive
     (the rule in the module docstring): each op's ``param_grad_bytes`` become bytes of its
     backward step alone (``bwd_workspace_bytes``, alive while that step runs and freed
@@ -51,19 +53,30 @@ def holding_parameter_gradients(graph: CostGraph) -> CostGraph:
     graph says :data:`PARAM_GRADS_HELD`, so the resident memory counts the gradients for the
     whole step. The copy keeps node names, so a schedule of ``graph`` is one of the copy.
 
-    Measured (nanoGPT-style, 4 layers of width 128, 2 micro-batches of 8 x 128 tokens per
-    AdamW step): the second micro-batch ran the plan made for the first at 28.9 MiB against
-    a 25.9 MiB budget (every gradient alive from its forward on); planned on this graph it
-    stays within the budget.
+    ``shared_grad_bytes``: per op, the part of its ``param_grad_bytes`` that belongs to
+    parameters other ops read too (a tied embedding and LM head). Autograd sums a
+    parameter's gradients from all its readers in the input buffer of its one
+    ``AccumulateGrad`` before adding them to ``.grad``, so the gradient the first of them
+    creates waits there until the backward of the parameter's first reader, at the end of
+    the backward pass for a tied embedding: that part stays a parameter gradient of the
+    op, alive to the end of the step, as without gradients held.
+
+    Measured (nanoGPT-style GPT with its tied embedding, 4 layers of width 128, 2
+    micro-batches of 8 x 128 tokens per AdamW step, budget 25.9 MiB = per-block
+    checkpoint's peak): planned as a first micro-batch, the second ran at 28.9 MiB; on
+    this graph without ``shared_grad_bytes``, 0.25 MiB (the LM head's gradient) over its
+    prediction; with them, within.
     """
+    shared = shared_grad_bytes or {}
     copy = graph.copy()
     copy.graph = dict(graph.graph)
     copy.graph[PARAM_GRADS_HELD] = True
-    for _, attrs in copy.nodes(data=True):
+    for node, attrs in copy.nodes(data=True):
         created = int(attrs["param_grad_bytes"])
-        if created:
-            attrs["bwd_workspace_bytes"] = int(attrs["bwd_workspace_bytes"]) + created
-            attrs["param_grad_bytes"] = 0
+        kept = min(created, int(shared.get(node, 0)))
+        if created > kept:
+            attrs["bwd_workspace_bytes"] = int(attrs["bwd_workspace_bytes"]) + created - kept
+            attrs["param_grad_bytes"] = kept
     return copy
 
 
