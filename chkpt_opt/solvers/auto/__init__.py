@@ -5,10 +5,13 @@ prove.
 :mod:`~chkpt_opt.solvers.auto.keep_set` runs the keep-set stages (keep-all, the heuristics,
 the exact solver that fits), :mod:`~chkpt_opt.solvers.auto.beyond` the searches beyond
 keep-set in the time left; each says what it runs and when it stops.
+:mod:`~chkpt_opt.solvers.auto.early` returns at once where a rounding of the recompute
+bound's LP, run right after the bound, is within ``gap`` of that bound.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from chkpt_opt.errors import SolverError
@@ -17,6 +20,7 @@ from chkpt_opt.graphs.frozen import frozen
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.auto.beyond import LOWEST_PEAK_SHARE, beyond_keep_set
+from chkpt_opt.solvers.auto.early import early_result
 from chkpt_opt.solvers.auto.keep_set import NO_FIT_KEEP_SET_SHARE, keep_set_result
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
@@ -25,6 +29,7 @@ from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
 from chkpt_opt.solvers.keepset.choice import PRUNED_MAX_OPS, PRUNED_MIN_POSITIONS
 from chkpt_opt.solvers.registry import register
+from chkpt_opt.solvers.staged.rounding import staged_rounding
 
 __all__ = ["LOWEST_PEAK_SHARE", "NO_FIT_KEEP_SET_SHARE", "AutoSolver"]
 
@@ -34,6 +39,11 @@ of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
 ROUNDING_SHARE = 0.1
 """The share of the time limit the cached-op rounding may take after the bound (it stops
 judging schedules there; measured 0.3-3 s on Hugging Face graphs of 153-636 ops)."""
+STAGED_ROUNDING_SHARE = 0.1
+"""The share of the time limit the staged rounding (:mod:`chkpt_opt.solvers.staged.rounding`)
+may take after the cached-op rounding (measured 0.5-3.2 s on the Hugging Face Llama, ViT and
+Mixtral of 153-636 ops at their layer checkpointing's peak, where it came within 1.3-2.3% of
+the recompute bound; see :mod:`~chkpt_opt.solvers.auto.early`)."""
 
 
 @register("auto", "keep-all if it fits, else the heuristics and the exact solver that fits")
@@ -112,6 +122,7 @@ class AutoSolver:
         # The cached-op rounding reads only the bound's LP, so it runs before the keep-set
         # stages, which would leave it little where they run to their share.
         rounded = None
+        staged: list[SolveResult] = []
         if simulate(graph, Schedule()).peak_bytes > budget_bytes:  # else keep-all is optimal
             rounded = cache_rounding(
                 graph,
@@ -119,8 +130,28 @@ class AutoSolver:
                 relaxed=cover,
                 deadline=deadline.share(BOUND_SHARE + ROUNDING_SHARE),
             )
+            if self.nesting:  # staged schedules run eagerly only
+                share = BOUND_SHARE + ROUNDING_SHARE + STAGED_ROUNDING_SHARE
+                staged.append(
+                    staged_rounding(
+                        graph, budget_bytes, relaxed=cover, deadline=deadline.share(share)
+                    )
+                )
+            early = early_result(
+                graph.number_of_nodes(), [rounded, *staged], cover, deadline, self.gap, self.name
+            )
+            if early is not None:
+                return dataclasses.replace(early, budget_bytes=budget_bytes)
         keep_deadline = deadline.share(1.0 - self.general_share)
         keep = keep_set_result(self, graph, budget_bytes, keep_deadline, cover, whole=deadline)
         return beyond_keep_set(
-            graph, budget_bytes, keep, rounded, deadline, cover, self.nesting, gap=self.gap
+            graph,
+            budget_bytes,
+            keep,
+            rounded,
+            deadline,
+            cover,
+            self.nesting,
+            gap=self.gap,
+            staged=staged,
         )

@@ -7,10 +7,12 @@ holds over every schedule: the search stops there (``"every_schedule"``). The se
 stop at a schedule within ``auto``'s ``gap`` (default 1%) of a bound over every schedule
 (``stats["stopped_at_gap"]`` says which bound and the gap); it is ``optimal`` only where it
 meets the bound. Right after the
-bound (where keep-all does not fit), the cached ops that the recompute bound's LP keeps are
-rounded into regions (:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint
-schedules, a region per layer caching its matmuls, chosen by the LP; it stops judging
-schedules at 25% of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
+bound (where keep-all does not fit), the staged rounding's schedule joins the results (on
+eager plans: :mod:`~chkpt_opt.solvers.staged.rounding`), and the cached ops that the
+recompute bound's LP keeps are rounded into regions
+(:mod:`~chkpt_opt.solvers.cached.cache_rounding`: selective-checkpoint schedules, a
+region per layer caching its matmuls, chosen by the LP; it stops judging schedules at 25%
+of the limit, and takes 0.3-3 s on Hugging Face graphs of 153-636 ops).
 The keep-set stages stop at 90% of the limit (``general_share``), with three exceptions
 (:mod:`~chkpt_opt.solvers.time_split`). A keep-set stage that proves nothing (the block
 search of ``hierarchical``) ends at half the limit: the cached-op searches after it find
@@ -50,7 +52,7 @@ schedule ``Plan.for_compile`` solves the plan at the same budget with ``nesting=
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from chkpt_opt.errors import SolverError
@@ -89,6 +91,7 @@ def beyond_keep_set(
     nesting: bool,
     *,
     gap: float = 0.0,
+    staged: Sequence[SolveResult] = (),
 ) -> SolveResult:
     """The keep-set result, or a better schedule beyond keep-set (see the module
     docstring; without ``nesting``, one level of regions with cached ops). ``cover``'s
@@ -138,7 +141,12 @@ def beyond_keep_set(
             searches.append((half, lambda: get_solver("nested")))
         if graph.number_of_nodes() <= STAGED_MAX_OPS:
             searches.append(
-                (half, lambda: get_solver("staged", warm_start=best_of([keep, *found]).schedule))
+                (
+                    half,
+                    lambda: get_solver(
+                        "staged", warm_start=best_of([keep, *found, *staged]).schedule
+                    ),
+                )
             )
     searches += [(1.0, partial(get_solver, "cached", warm_start=start)) for start in starts]
     weights = [w for w, _ in searches]
@@ -151,6 +159,7 @@ def beyond_keep_set(
             every_s = max(every_s or 0.0, staged_s)
         if _proven_over_every_schedule(best_of([keep, *found]), cover, every_s, gap):
             break  # nothing is cheaper than a schedule that meets a bound over every one
+    found.extend(staged)  # after the searches: a tie goes to the search (its proofs)
     # Then, in the time left, the exact program over one-level schedules with cached ops
     # (it takes the keep-set result as its start and cost cap), and the cached-op search
     # from its result where that is the best so far; not where the best already meets the

@@ -1,0 +1,64 @@
+"""``auto``'s early return (:func:`early_result`): a rounded schedule that closes the gap.
+
+The roundings of the recompute bound's LP run right after the bound (the cached-op
+rounding, and on eager plans the staged rounding,
+:mod:`~chkpt_opt.solvers.staged.rounding`). Where the better of them fits and its cost is
+within ``auto``'s ``gap`` of the recompute bound, which holds over every schedule, nothing
+the later stages find can be cheaper by more than the gap: ``auto`` returns it at once,
+``optimal`` where it meets the bound, else ``feasible`` with that bound
+(``stats["stopped_at_gap"]``), the keep-set stages not run (``stats["proofs_over"]`` is
+``"every_schedule"``: the bound's space). Only on graphs of more than :data:`EARLY_MIN_OPS`
+ops: on smaller ones the exact stages answer within seconds, and their proofs (over
+keep-set schedules, and the staged program's over every schedule) say more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from chkpt_opt.solvers.auto.keep_set import closes_gap
+from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of, meets_bound
+from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound
+from chkpt_opt.solvers.deadline import Deadline
+
+EARLY_MIN_OPS = 80
+"""Graphs of at most this many ops run every stage (the staged program's size in ``auto``,
+:data:`~chkpt_opt.solvers.auto.beyond.STAGED_MAX_OPS`)."""
+
+
+def early_result(
+    graph_ops: int,
+    found: list[SolveResult],
+    cover: RecomputeBound,
+    deadline: Deadline,
+    gap: float,
+    name: str,
+) -> SolveResult | None:
+    """The best of ``found`` as ``auto``'s result where it fits within ``gap`` of ``cover``'s
+    bound on a graph of ``graph_ops`` ops (see the module docstring); None otherwise."""
+    if not found or graph_ops <= EARLY_MIN_OPS:
+        return None
+    best = best_of(found)
+    bound_s = cover.bound_s
+    if not best.feasible or not closes_gap(best.objective, bound_s, gap):
+        return None
+    assert bound_s is not None  # closes_gap holds only with a bound
+    optimal = meets_bound(best.objective, bound_s)
+    stats = dict(
+        best.stats,
+        chosen=best.solver,
+        tried={r.solver: r.status.value for r in found},
+        recompute_bound=cover.summary(),
+        proofs_over="every_schedule",
+    )
+    if not optimal:
+        rel = (best.objective - bound_s) / best.objective
+        stats["stopped_at_gap"] = {"bound_s": bound_s, "gap": rel, "over": "every_schedule"}
+    return dataclasses.replace(
+        best,
+        status=SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE,
+        bound=bound_s,
+        solver=name,
+        solve_s=deadline.elapsed_s(),
+        stats=stats,
+    )

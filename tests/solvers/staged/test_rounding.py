@@ -1,0 +1,69 @@
+"""The staged rounding of the recompute bound's LP (:mod:`chkpt_opt.solvers.staged.rounding`):
+its schedule fits, costs no less than the bound, and runs through codegen as simulated, with
+the original gradients, on a Hugging Face Llama at the peak of its own layer checkpointing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chkpt_opt.codegen import rewrite_module
+from chkpt_opt.graphs.synthetic import chain_graph
+from chkpt_opt.graphs.tracer import Traced, trace_model
+from chkpt_opt.graphs.tracer.storage import StorageTracker
+from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.own_layouts import own_layouts
+from chkpt_opt.solvers import SolveStatus
+from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
+from chkpt_opt.solvers.staged.rounding import staged_rounding
+from chkpt_opt.zoo import huggingface as hf_zoo
+
+LLAMA2_LAYERS_PEAK_MS = 56.87
+"""What ``auto`` returned before the staged rounding on the 2-layer Llama at its layers'
+peak (20 s)."""
+
+
+@pytest.fixture(scope="module")
+def llama2() -> tuple[torch.nn.Module, tuple, Traced, int]:
+    model, args, _ = hf_zoo.FAMILIES["llama"](layers=2)
+    traced = trace_model(model, args, {})
+    budget = simulate(traced.graph, own_layouts(traced.graph)["layers"]).peak_bytes
+    return model, args, traced, budget
+
+
+@pytest.mark.parametrize("share", [0.8, 0.7])
+def test_rounding_of_a_chain_fits_and_stays_above_the_bound(share: float) -> None:
+    """Measured: at 0.8 and 0.7 of keep-all the staged program's proven optimum (at 0.6 the
+    rounding fits nothing: it is a heuristic)."""
+    graph = chain_graph(12, activation_bytes=[(k % 4 + 1) << 12 for k in range(12)])
+    budget = int(simulate(graph, Schedule()).peak_bytes * share)
+    found = staged_rounding(graph, budget)
+    assert found.status == SolveStatus.FEASIBLE
+    assert found.peak_bytes <= budget
+    assert simulate(graph, found.schedule).recompute_s == pytest.approx(found.objective)
+    bound = recompute_bound(graph, budget).bound_s
+    assert bound is not None and found.objective >= bound
+
+
+def test_llama_at_its_layers_peak_runs_as_simulated(llama2) -> None:
+    model, args, traced, budget = llama2
+    graph = traced.graph
+    found = staged_rounding(graph, budget)
+    assert found.status == SolveStatus.FEASIBLE and found.schedule.staged
+    bound = recompute_bound(graph, budget).bound_s
+    assert bound is not None and bound <= found.objective < LLAMA2_LAYERS_PEAK_MS * 1e-3
+
+    def step(module: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
+        for p in model.parameters():
+            p.grad = None
+        with StorageTracker() as tracker:
+            module(*args).backward()
+        return tracker.peak_bytes, [p.grad.clone() for p in model.parameters()]
+
+    _, reference = step(model)
+    module = rewrite_module(traced.captured.fresh_module(), graph, found.schedule)
+    peak, grads = step(module)
+    assert all(torch.equal(a, b) for a, b in zip(reference, grads, strict=True))
+    # measured 42,127,368 bytes against 42,135,560 simulated: 8 KiB under the prediction
+    assert found.peak_bytes * 0.999 <= peak <= found.peak_bytes <= budget
