@@ -113,9 +113,19 @@ def _row(
     return row
 
 
-def rows_of(family: str, lower: float, time_limit_s: float) -> list[dict[str, Any]]:
-    model, args, _ = hf_zoo.FAMILIES[family]()
+def rows_of(
+    family: str,
+    lower: float,
+    time_limit_s: float,
+    *,
+    llama_layers: int | None = None,
+    peak_only: bool = False,
+) -> list[dict[str, Any]]:
+    sized = family == "llama" and llama_layers is not None
+    model, args, _ = hf_zoo.FAMILIES[family](**({"layers": llama_layers} if sized else {}))
     graph = trace_model(model, args, name=family).graph
+    if sized:
+        family = f"llama{llama_layers}"
     layers = own_layouts(graph).get("layers")
     if layers is None:
         print(f"{family}: no layers found; skipped", file=sys.stderr)
@@ -125,6 +135,8 @@ def rows_of(family: str, lower: float, time_limit_s: float) -> list[dict[str, An
     # The floor from auto's own bound at the layers' peak (a call of our own would be
     # remembered, and hand auto a bound it did not have the time to compute).
     floor = int(rows[0].pop("_floor_bytes"))
+    if peak_only:
+        return rows
     lowered = int(peak - lower * (peak - floor))
     rows.append(
         _row(family, graph, f"{lower:g} of the way to the floor", lowered, floor, time_limit_s)
@@ -158,6 +170,12 @@ def main() -> None:
     parser.add_argument(
         "--models", nargs="+", default=list(hf_zoo.FAMILIES), choices=list(hf_zoo.FAMILIES)
     )
+    parser.add_argument(
+        "--llama-layers", type=int, default=None, help="layers of the Llama (default: 6)"
+    )
+    parser.add_argument(
+        "--peak-only", action="store_true", help="only the layers' peak, not the lower budget"
+    )
     parser.add_argument("-o", "--out", type=Path, default=ROOT / "benchmarks/results/hf_gaps")
     options = parser.parse_args()
     command = "python benchmarks/hf_gaps.py " + " ".join(sys.argv[1:])
@@ -166,7 +184,13 @@ def main() -> None:
     rows = [
         row
         for family in options.models
-        for row in rows_of(family, options.lower, options.time_limit)
+        for row in rows_of(
+            family,
+            options.lower,
+            options.time_limit,
+            llama_layers=options.llama_layers,
+            peak_only=options.peak_only,
+        )
     ]
     options.out.mkdir(parents=True, exist_ok=True)
     with (options.out / "hf_gaps.csv").open("w", newline="") as f:
