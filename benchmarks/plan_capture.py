@@ -38,6 +38,7 @@ from torch import nn
 
 import chkpt_opt
 from chkpt_opt.graphs.tracer.storage import StorageTracker
+from chkpt_opt.measurement.timed_choice import describe
 from chkpt_opt.zoo import huggingface as hf_zoo
 
 MIB = 2**20
@@ -96,7 +97,12 @@ def ratio(times: dict[str, list[float]], name: str, base: str) -> tuple[float, f
 
 
 def run_loop(
-    model: nn.Module, batch: dict[str, Any], *, held: bool, rounds: int, time_limit_s: float
+    model: nn.Module,
+    batch: dict[str, Any],
+    *,
+    held: bool,
+    rounds: int,
+    time_limit_s: float | None,
 ) -> list[str]:
     label = "held" if held else "dropped"
     keep_all = chkpt_opt.plan(
@@ -146,7 +152,7 @@ def run_loop(
         f"{'yes' if measured <= hf_peak else 'NO'} | {len(made.schedule.regions)} | "
         f"{len(made.schedule.saved)} | {hf_ratio[0]:.3f} | {plan_ratio[0]:.3f} | "
         f"{versus[0]:.3f} ± {versus[1]:.3f} | {made.result.status.value} | "
-        f"{timed.get('chosen', '')} | {plan_s:.0f} |"
+        f"{describe(made.result.stats) or timed.get('chosen', '')} | {plan_s:.0f} |"
     ]
 
 
@@ -165,7 +171,9 @@ class _Bound(nn.Module):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--time-limit", type=float, default=20.0)
+    parser.add_argument(
+        "--time-limit", type=float, default=None, help="plan()'s time_limit_s (default: none)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--loops", nargs="+", default=["dropped", "held"])
     parser.add_argument(
