@@ -97,7 +97,8 @@ class Plan:
         (keep-set regions, cached ops inside them or not); for a schedule with nested
         regions or unpacked ops, or a staged one, the best plan without them at the same
         budget (solved once, by ``auto`` with ``nesting=False``: keep-set regions and cached
-        ops; where that unpacks ops, the cached-op search from it with them kept instead).
+        ops; where that unpacks ops, the cached-op search from it with them kept instead, or
+        the keep-set plan where that search finds none within the budget).
 
         The compile path hands regions to the partitioner of ``torch.compile``
         (:mod:`chkpt_opt.export.partitioner`), which saves the outputs of the ops a region
@@ -122,6 +123,10 @@ class Plan:
                 result = get_solver(
                     "cached", warm_start=result.schedule.with_unpacked(frozenset()), unpack=False
                 )(self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s)
+                if not result.feasible:  # none near it without them: keep-set regions
+                    result = get_solver("auto", general=False)(
+                        self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s
+                    )
             if not result.feasible:
                 raise unmet_budget_error(
                     self.graph,
