@@ -15,8 +15,9 @@ trace the model's call, and with it the attachment's forward. A training call th
   model keeps its own plans (those it made that the compiled path runs as they are are
   reused where they fit);
 * measures the compiled step of each new plan at its first call, and plans again at a
-  budget lowered by what it measured above the budget (:meth:`CompiledCalls.runner_for`):
-  the simulator predicts eager bytes, and compiled kernels hold a few percent more or less;
+  budget lowered by what it measured above the budget (:meth:`CompiledCalls.runner_for`;
+  an :class:`~chkpt_opt.errors.InfeasibleBudgetError` where no plan's compiled step fits):
+  the simulator predicts eager bytes, and compiled kernels hold some percent more or less;
 * runs the plan's rewritten module compiled by
   :func:`~chkpt_opt.export.partitioner.compile_module` (Inductor with the plan
   partitioner: the compiled backward keeps and recomputes what the plan keeps and
@@ -70,8 +71,7 @@ _REASON = (
 
 
 MEASURED_PLANS = 3
-"""Plans a compiled call tries (each measured) before it runs the last one over the budget
-(logged as a warning)."""
+"""Plans a compiled call makes (each measured) before it gives up on the budget."""
 
 
 @dataclass
@@ -103,26 +103,24 @@ class CompiledCalls:
         either way, see :mod:`chkpt_opt.export.compiled`). So the first call a runner
         serves runs two more steps on its inputs, model state and random numbers restored
         (compiling, then measuring: the allocator's events on the CPU, the CUDA
-        allocator's peak on a GPU), and where the step's peak lies above the budget the
-        twin plans again at a budget lowered by that excess (at most
-        :data:`MEASURED_PLANS` plans).
+        allocator's peak on a GPU). Where the step's peak lies above the budget the twin
+        plans again at a budget lowered by that excess (at most :data:`MEASURED_PLANS`
+        plans).
+
+        Raises:
+            InfeasibleBudgetError: no plan's compiled step measured within the budget (the
+                message says by how much the last one missed it), or no schedule the
+                compiled path runs meets the budget at all.
         """
+        last: Runner | None = None
         excess = 0
-        for attempt in range(MEASURED_PLANS):
+        for _ in range(MEASURED_PLANS):
             try:
                 runner = self.twin.runner_for(args, kwargs)
             except InfeasibleBudgetError as err:
-                if not excess:
+                if last is None:
                     raise
-                raise InfeasibleBudgetError(
-                    f"under torch.compile the compiled step measured {excess:,} bytes above "
-                    f"the budget {self.budget.text!r}; planned again at "
-                    f"{format_bytes(self.twin.budget.total_bytes)} to leave that room, no "
-                    f"schedule fits: {err} Raise the budget by that much, or train eagerly.",
-                    budget_bytes=err.budget_bytes,
-                    min_feasible_bytes=err.min_feasible_bytes,
-                    exact=err.exact,
-                ) from err
+                raise self._missed(last, excess, err) from err
             key = id(runner.module)
             if key in self.measured or self.twin.sharding is not None:
                 return runner  # measured before; under sharding a step is collective
@@ -131,18 +129,31 @@ class CompiledCalls:
             if excess <= 0:
                 self.measured[key] = peak
                 return runner
-            if attempt + 1 < MEASURED_PLANS:
-                self._plan_below(excess, peak)
-        log.warning(
-            "chkpt_opt: under torch.compile the step of %s measured %s above its budget %s "
-            "after %d plans; it runs the last one. Raise the budget, or train eagerly.",
-            type(self.twin.model).__name__,
-            format_bytes(excess),
-            format_bytes(self.budget.total_bytes),
-            MEASURED_PLANS,
+            last = runner
+            self._plan_at(
+                self.twin.budget.total_bytes - excess,
+                f"the compiled step measured {format_bytes(excess)} above the budget",
+            )
+        assert last is not None
+        raise self._missed(last, excess, None)
+
+    def _missed(
+        self, runner: Runner, excess: int, err: InfeasibleBudgetError | None
+    ) -> InfeasibleBudgetError:
+        """The error of a compiled step that measured ``excess`` bytes above the budget
+        with ``runner``'s plan, where no other plan was found to fit (``err``: why the last
+        plan could not be made)."""
+        why = f" Planning below it: {err}" if err is not None else ""
+        return InfeasibleBudgetError(
+            f"budget {self.budget.text!r} = {format_bytes(self.budget.total_bytes)}: under "
+            f"torch.compile the step of {type(self.twin.model).__name__} measured "
+            f"{format_bytes(excess)} above it with a plan predicted at "
+            f"{format_bytes(runner.predicted_peak_bytes)} (compiled kernels hold other bytes "
+            f"than the eager prediction), after {MEASURED_PLANS} plans at most.{why} Raise "
+            "the budget by at least that excess for the compiled step, or train eagerly.",
+            budget_bytes=self.budget.total_bytes - runner.resident_bytes,
+            min_feasible_bytes=None if err is None else err.min_feasible_bytes,
         )
-        self.measured[id(runner.module)] = peak
-        return runner
 
     def _measure(self, runner: Runner, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         """The peak of one compiled step of ``runner`` on this call's inputs (compiled by a
@@ -164,20 +175,18 @@ class CompiledCalls:
                 return measure_step(module, args, kwargs).peak_bytes
             return measure_step_allocator(module, args, kwargs)
 
-    def _plan_below(self, excess: int, peak: int) -> None:
-        """The twin made afresh at a budget ``excess`` lower (its plans made at the
+    def _plan_at(self, total_bytes: int, reason: str) -> None:
+        """The twin made afresh at a budget of ``total_bytes`` (its plans made at the
         higher one dropped)."""
-        lowered = self.twin.budget.total_bytes - excess
         log.info(
-            "chkpt_opt: under torch.compile the step of %s measured %s, %s above the budget "
-            "%s; planning again at %s",
-            type(self.twin.model).__name__,
-            format_bytes(peak),
-            format_bytes(excess),
+            "chkpt_opt: under torch.compile %s (%s), %s is planned again at %s",
+            reason,
             format_bytes(self.budget.total_bytes),
-            format_bytes(lowered),
+            type(self.twin.model).__name__,
+            format_bytes(total_bytes),
         )
-        budget = Budget(total_bytes=lowered, text=f"{self.budget.text} less {excess} bytes")
+        lower = total_bytes - self.budget.total_bytes
+        budget = Budget(total_bytes=total_bytes, text=f"{self.budget.text} {lower:+} bytes")
         self.twin = _fresh_twin(self.twin, budget=budget)
         self.compiled.clear()
         self.measured.clear()
