@@ -46,13 +46,23 @@ def test_rounding_of_a_chain_fits_and_stays_above_the_bound(share: float) -> Non
     assert bound is not None and found.objective >= bound
 
 
-def test_llama_at_its_layers_peak_runs_as_simulated(llama2) -> None:
-    model, args, traced, budget = llama2
+@pytest.mark.parametrize("lower", [0.0, 0.5])
+def test_llama_runs_as_simulated(llama2, lower: float) -> None:
+    """At the layers' peak and halfway from it to the recompute bound's floor (where the
+    rounding splits recomputations: some op runs in two stages)."""
+    model, args, traced, peak_budget = llama2
     graph = traced.graph
+    floor = recompute_bound(graph, peak_budget).floor_bytes
+    budget = int(peak_budget - lower * (peak_budget - floor))
     found = staged_rounding(graph, budget)
     assert found.status == SolveStatus.FEASIBLE and found.schedule.staged
     bound = recompute_bound(graph, budget).bound_s
-    assert bound is not None and bound <= found.objective < LLAMA2_LAYERS_PEAK_MS * 1e-3
+    assert bound is not None and bound <= found.objective
+    if lower == 0.0:
+        assert found.objective < LLAMA2_LAYERS_PEAK_MS * 1e-3
+    else:
+        stages = [op for _, ops in found.schedule.staged for op in ops]
+        assert len(stages) > len(set(stages))  # recomputed twice
 
     def step(module: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
         for p in model.parameters():
@@ -65,5 +75,5 @@ def test_llama_at_its_layers_peak_runs_as_simulated(llama2) -> None:
     module = rewrite_module(traced.captured.fresh_module(), graph, found.schedule)
     peak, grads = step(module)
     assert all(torch.equal(a, b) for a, b in zip(reference, grads, strict=True))
-    # measured 42,127,368 bytes against 42,135,560 simulated: 8 KiB under the prediction
+    # at the peak, measured 42,127,368 bytes against 42,135,560 simulated: 8 KiB under
     assert found.peak_bytes * 0.999 <= peak <= found.peak_bytes <= budget
