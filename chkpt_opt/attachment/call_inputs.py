@@ -13,7 +13,8 @@ share: what a training call's inputs are, and whether a plan measures op times.
 * **Op times** (:func:`measures_times`): measured wherever the model's tensors are real, the
   CPU included (the roofline estimate misjudges small ops: the default plan of a 4-layer
   Llama on the CPU ran 46 regions at 2.22x the original's step time on estimated times, 2
-  regions at 1.28x on measured ones); a graph on the meta device is estimated.
+  regions at 1.28x on measured ones); a graph on the meta device is estimated, and so is
+  one planned inside a process group (every rank must plan the same schedule).
 """
 
 from __future__ import annotations
@@ -75,9 +76,14 @@ def takes_use_cache(model: torch.nn.Module, forward: Callable[..., Any] | None =
 
 def measures_times(profile_times: bool | None, graph: CostGraph) -> bool:
     """Whether a plan of ``graph`` measures op times: as asked, else wherever the model's
-    tensors are real (see the module docstring)."""
+    tensors are real (see the module docstring), outside a process group: ranks timed
+    apart could plan different schedules (under FSDP2 a layer recomputed on one rank and
+    not on another gathers its parameters a different number of times), so there the
+    estimate, the same on every rank."""
     if profile_times is not None:
         return profile_times
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
     return graph.graph.get("device_type") != "meta"
 
 

@@ -19,7 +19,6 @@ extra compute are reported beside the exact schedule's: what per-layer granulari
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
+from chkpt_opt.attachment.call_inputs import training_kwargs
 from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs
 from chkpt_opt.errors import BudgetError, InfeasibleBudgetError, ScheduleError
 from chkpt_opt.export.layers import Lowering, find_layers, lower_to_layers
@@ -149,15 +149,6 @@ class LayerwiseAttachment:
         self._modules.clear()
 
 
-def _training_kwargs(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``use_cache=False`` added where the model takes it (as the attachment does)."""
-    try:
-        takes = "use_cache" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        takes = False
-    return {**kwargs, "use_cache": False} if takes and "use_cache" not in kwargs else kwargs
-
-
 def attach_layerwise(
     model: torch.nn.Module,
     example_inputs: Any,
@@ -195,7 +186,7 @@ def attach_layerwise(
         args: tuple[Any, ...] = (example_inputs,)
     else:
         args = tuple(example_inputs or ())
-    kwargs = _training_kwargs(model, dict(example_kwargs or {}))
+    kwargs = training_kwargs(model, example_kwargs)  # the rules plan() follows too
     was_training = model.training
     model.train()
     try:
