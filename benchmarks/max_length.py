@@ -559,14 +559,18 @@ def _share(part: int, whole: int) -> str:
     return f"{part / MIB:.2f} ({part / whole:.0%})" if whole else ""
 
 
-def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) -> list[str]:
+def markdown(
+    rows: list[dict[str, Any]], args: argparse.Namespace, command: str, commit_text: str
+) -> list[str]:
     lines = [
         "# What a budget buys: longest sequence and largest batch per strategy",
         "",
         f"Command: `{command}`",
         "",
-        f"Library commit: {commit()}; torch {torch.__version__}, CPU, torch threads "
-        f"{torch.get_num_threads()}; chkpt_opt time limit {args.time_limit:g} s per plan, "
+        f"Library commit: {commit_text}; torch {torch.__version__}, CPU, torch threads "
+        f"{args.threads}; Python recursion limit "
+        f"{getattr(args, 'recursion_limit', 0) or 'as shipped (1000)'}; "
+        f"chkpt_opt time limit {args.time_limit:g} s per plan, "
         f"op times {'measured' if args.profile_times else 'estimated (roofline)'}; grid "
         f"{args.grid} tokens; timing rounds {args.rounds}; seed {args.seed}.",
         "",
@@ -630,6 +634,11 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, command: str)
                 )
             elif after and after["peak_bytes"]:
                 met = f"{int(length) + args.grid}: planned, measured {_mib(after['peak_bytes'])}"
+            elif after and after["note"]:
+                met = (
+                    f"{int(length) + args.grid}: planned (predicted "
+                    f"{_mib(after['predicted_bytes'])}), {after['note'][:40]}"
+                )
             lines.append(
                 f"| {row['layers']} | {row['mode']} | {length} | {_mib(row['budget_bytes'])} "
                 f"| {_mib(b['resident_bytes'])} | {_mib(b['keep_all_step_bytes'])} "
@@ -649,6 +658,42 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, command: str)
         "largest layer saved: the saved storages of the largest decoder layer, which its "
         "backward needs at once. Shares are of the forward/backward part of the lowest peak "
         "found (the step peak less the resident bytes).",
+        "",
+        "## chkpt_opt's probes",
+        "",
+        "| layers | mode | batch x tokens | result | measured MiB | predicted MiB | plan "
+        "| prepare s | smallest budget met MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        for p in row["probes"]:
+            if p["contender"] != "chkpt_opt":
+                continue
+            plan = p.get("plan") or {}
+            if p["fits"]:
+                result = "fits"
+            elif p["peak_bytes"] is not None:
+                result = "over"
+            elif p["note"].startswith("step raised"):
+                result = p["note"][:60]
+            else:
+                result = "no plan"
+            described = (
+                f"{plan['regions']} regions, {plan['status']}, extra {plan['extra_compute']:.3g} s"
+                if plan
+                else ""
+            )
+            met = _mib(p["min_feasible_bytes"]) + (" (proven)" if p["min_feasible_exact"] else "")
+            lines.append(
+                f"| {row['layers']} | {row['mode']} | {p['batch']} x {p['length']} | {result} "
+                f"| {_mib(p['peak_bytes'])} | {_mib(p['predicted_bytes'])} | {described} "
+                f"| {p['prepare_s']:.0f} | {met if p['min_feasible_bytes'] else ''} |"
+            )
+    lines += [
+        "",
+        "Extra: the plan's estimated extra compute (roofline seconds of recomputation). "
+        "Prepare: planning and applying, seconds (capture included; it may overrun the time "
+        "limit). Smallest budget met: what `InfeasibleBudgetError` states.",
         "",
         "Rows run: "
         + "; ".join(f"{r['layers']} layers {r['mode']} ({r['seconds']:.0f} s)" for r in rows)
@@ -680,18 +725,36 @@ def main() -> None:
     parser.add_argument("--no-batch", action="store_true", help="skip the largest-batch search")
     parser.add_argument("--no-bounds", action="store_true", help="skip the cost-graph figures")
     parser.add_argument("--quick", action="store_true", help="8 layers, LoRA, 3 rounds")
+    parser.add_argument(
+        "--recursion-limit",
+        type=int,
+        default=0,
+        help="raise Python's recursion limit to this (0: as is): deeply nested plans exceed "
+        "the default when they run (benchmarks/results/max_length/nested_recursion_repro.py)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--name", default="", help="output file suffix (default: from layers)")
     parser.add_argument("--quiet", action="store_true", help="hide chkpt_opt's log")
+    parser.add_argument("--render", type=Path, help="rewrite the Markdown of this JSON file")
     args = parser.parse_args()
+    if args.render:
+        payload = json.loads(args.render.read_text())
+        settings = argparse.Namespace(**payload["settings"])
+        text = markdown(payload["rows"], settings, payload["command"], payload["commit"])
+        text = "\n".join(text) + "\n"
+        args.render.with_suffix(".md").write_text(text)
+        print(text)
+        return
     if args.quick:
         args.layers, args.mode, args.grid, args.rounds = [8], ["lora"], 64, 3
     if not args.quiet:
         logging.basicConfig(format="%(asctime)s %(message)s", stream=sys.stderr)
         logging.getLogger("chkpt_opt").setLevel(logging.INFO)
     torch.set_num_threads(args.threads)
+    if args.recursion_limit:
+        sys.setrecursionlimit(args.recursion_limit)
     command = "python benchmarks/max_length.py" + "".join(
         f" {shlex.quote(a)}" for a in sys.argv[1:]
     )
@@ -715,7 +778,7 @@ def main() -> None:
                 "rows": rows,
             }
             (args.out / f"max_length_{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
-            text = "\n".join(markdown(rows, args, command)) + "\n"
+            text = "\n".join(markdown(rows, args, command, commit())) + "\n"
             (args.out / f"max_length_{name}.md").write_text(text)
     print(text)
     log(f"wrote {args.out}/max_length_{name}.json and .md")
