@@ -56,13 +56,21 @@ def test_budget_that_cannot_be_met_exits_3(
     assert re.search(r"\d (?:kB|MB|GB) \([\d.]+ (?:KiB|MiB|GiB)\)", err), err
 
 
-@pytest.mark.parametrize("budget", ["20gb", "20Gb", "20", "lots"])
+@pytest.mark.parametrize("budget", ["20gb", "20Gb", "20.5", "lots"])
 def test_bad_budget_exits_2_with_accepted_forms(
     graph_file: Path, capsys: pytest.CaptureFixture[str], budget: str
 ) -> None:
     code, _, err = run(capsys, "solve", str(graph_file), "--budget", budget)
     assert code == EXIT_INPUT
     assert "GiB" in err
+
+
+def test_a_plain_integer_budget_is_bytes(
+    graph_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/budget.md: a plain integer is bytes; 20 bytes holds no step."""
+    code, _, err = run(capsys, "solve", str(graph_file), "--budget", "20")
+    assert code == EXIT_INFEASIBLE and "'20' = 20 bytes" in err, err
 
 
 def test_malformed_and_mismatched_files_exit_2(
