@@ -92,7 +92,7 @@ def deep_chain_at_three_quarters() -> tuple[torch.nn.Module, torch.Tensor, CostG
     model, (x,), _ = zoo.relu_chain(width=256, depth=32, batch=4096)
     graph = chkpt_opt.trace(model, (x,))
     keep_set_min = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
-    static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None).static
+    static = chkpt_opt.plan(model, (x,), budget=10**12, optimizer=None, profile_times=False).static
     resident = static.param_bytes + static.input_bytes
     return model, x, graph, resident, int(0.75 * (keep_set_min + resident))
 
@@ -106,7 +106,9 @@ def smallest_plan(
 ) -> chkpt_opt.Plan:
     """The plan of the lowest peak the solvers find (no optimizer), with that peak as its
     budget: the plan at the smallest budget, without solving a second time there."""
-    full = chkpt_opt.plan(model, args, example_kwargs=kwargs, budget=10**15, optimizer=None)
+    full = chkpt_opt.plan(
+        model, args, example_kwargs=kwargs, budget=10**15, optimizer=None, profile_times=False
+    )
     lowest = smallest_peak(full.graph, time_limit_s=time_limit_s)
     total = full.static.resident_bytes + lowest.peak_bytes
     budget, static, act = activation_budget(full.graph, total, optimizer=None)
@@ -123,7 +125,9 @@ def smallest_plan(
 def budget_at(model: torch.nn.Module, args: tuple[Any, ...], fraction: float) -> int:
     """A whole-step budget (no optimizer) of the resident bytes plus ``fraction`` of the
     store-everything forward/backward peak."""
-    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    full = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
     return full.static.resident_bytes + int(full.profile.peak_bytes * fraction)
 
 

@@ -38,7 +38,9 @@ def _plan_at(built: zoo.Built, fraction: float) -> chkpt_opt.Plan:
     model, args, _ = built
     budget = budget_at(model, args, fraction)
     keep_set = get_solver("auto", general=False)
-    return chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver=keep_set)
+    return chkpt_opt.plan(
+        model, args, budget=budget, optimizer=None, solver=keep_set, profile_times=False
+    )
 
 
 def _chain() -> zoo.Built:
@@ -169,7 +171,12 @@ def test_cached_ops_reach_the_compiled_step() -> None:
     numbers)."""
     model, args, _ = _decoder(dropout=0.0)
     made = chkpt_opt.plan(
-        model, args, budget=budget_at(model, args, 0.6), optimizer=None, solver="cached"
+        model,
+        args,
+        budget=budget_at(model, args, 0.6),
+        optimizer=None,
+        solver="cached",
+        profile_times=False,
     )
     # the cached search may also unpack ops, which the compiled path cannot run: the plan
     # under test is the search's without them
@@ -249,7 +256,12 @@ def test_a_nested_plan_compiles_its_plan_without_nesting() -> None:
 
     model, args, _ = _chain()
     plan = chkpt_opt.plan(
-        model, args, budget=budget_at(model, args, 0.7), optimizer=None, solver="dp_nested"
+        model,
+        args,
+        budget=budget_at(model, args, 0.7),
+        optimizer=None,
+        solver="dp_nested",
+        profile_times=False,
     )
     assert plan.schedule.nested
     fresh = plan.traced.captured.fresh_module()
@@ -269,12 +281,16 @@ def test_a_nested_plan_below_the_floor_without_nesting_does_not_compile() -> Non
     is refused with the smallest budget a compiled plan needs, not predicted lower than it
     runs."""
     model, args, _ = _chain()
-    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, profile_times=False)
     lowest = chkpt_opt.smallest_peak(full.graph)
     flat_floor = chkpt_opt.smallest_peak(full.graph, nesting=False)
     assert lowest.peak_bytes < flat_floor.peak_bytes
     plan = chkpt_opt.plan(
-        model, args, budget=full.static.resident_bytes + lowest.peak_bytes, optimizer=None
+        model,
+        args,
+        budget=full.static.resident_bytes + lowest.peak_bytes,
+        optimizer=None,
+        profile_times=False,
     )
     assert plan.schedule.nested
     with pytest.raises(InfeasibleBudgetError, match="cannot run") as info:
@@ -313,7 +329,9 @@ def test_a_kept_tuple_output_op_in_a_region_compiles() -> None:
 
     torch.manual_seed(0)
     model, args = _Attention().train(), (torch.randn(2, 32, 64),)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    plan = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
     order = ordered_nodes(plan.graph)
     at = next(i for i, v in enumerate(order) if "scaled_dot_product" in plan.graph.nodes[v]["op"])
     schedule = Schedule(regions=((order[at],),))  # SDPA alone; the gate outside saves its output
@@ -344,7 +362,9 @@ def test_a_buffer_update_after_a_region_does_not_keep_what_the_region_recomputes
     from chkpt_opt.memory_model.simulate import simulate
 
     model, args, _ = zoo.resnet(widths=(8, 16), blocks_per_stage=1, image=16, batch=4)
-    keep_all = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    keep_all = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
     graph, order = keep_all.graph, ordered_nodes(keep_all.graph)
     ops = [graph.nodes[v]["op"] for v in order]
     start = ops.index("aten.batch_norm.default")  # the stem's: batch norm, ReLU, block conv

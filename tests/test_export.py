@@ -22,7 +22,7 @@ GPT = {"n_layer": 2, "d_model": 64, "n_head": 4, "seq_len": 32, "batch": 4, "voc
 
 
 def _small_budget(model, args) -> int:
-    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, profile_times=False)
     return full.static.resident_bytes + smallest_peak(full.graph, time_limit_s=10).peak_bytes
 
 
@@ -55,7 +55,12 @@ print(json.dumps({"peak": peak, "grads": digest.hexdigest()}))
 def test_round_trip_through_a_fresh_process(tmp_path: Path) -> None:
     model, args, _ = zoo.gpt(**GPT)
     plan = chkpt_opt.plan(
-        model, args, budget=_small_budget(model, args), optimizer=None, time_limit_s=10
+        model,
+        args,
+        budget=_small_budget(model, args),
+        optimizer=None,
+        time_limit_s=10,
+        profile_times=False,
     )
     assert plan.schedule.regions
     path = tmp_path / "plan.json"
@@ -88,11 +93,15 @@ def test_file_validates_against_the_published_schema(tmp_path: Path) -> None:
         resources.files("chkpt_opt").joinpath("schemas/schedule-v1.schema.json").read_text()
     )
     model, args, _ = zoo.gpt(**GPT)
-    static = chkpt_opt.plan(model, args, budget=10**15, optimizer="adamw").static
+    static = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer="adamw", profile_times=False
+    ).static
     budget = (
         _small_budget(model, args) + static.optimizer_state_bytes + static.optimizer_phase_bytes
     )
-    plan = chkpt_opt.plan(model, args, budget=budget, optimizer="adamw", time_limit_s=10)
+    plan = chkpt_opt.plan(
+        model, args, budget=budget, optimizer="adamw", time_limit_s=10, profile_times=False
+    )
     path = tmp_path / "plan.json"
     plan.save(path)
     data = json.loads(path.read_text())
@@ -107,7 +116,12 @@ def test_file_validates_against_the_published_schema(tmp_path: Path) -> None:
 def test_file_for_other_shapes_or_another_model_is_refused(tmp_path: Path) -> None:
     model, args, _ = zoo.gpt(**GPT)
     plan = chkpt_opt.plan(
-        model, args, budget=_small_budget(model, args), optimizer=None, time_limit_s=10
+        model,
+        args,
+        budget=_small_budget(model, args),
+        optimizer=None,
+        time_limit_s=10,
+        profile_times=False,
     )
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -152,7 +166,9 @@ def test_exported_plan_meets_the_eager_budget_under_torch_compile(
 
     model, args, _ = zoo.gpt(**settings)
     budget = budget_at(model, args, 0.5)
-    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, solver="greedy")
+    plan = chkpt_opt.plan(
+        model, args, budget=budget, optimizer=None, solver="greedy", profile_times=False
+    )
     assert plan.schedule.regions
     path = tmp_path / "gpt.plan.json"
     plan.save(path)

@@ -54,7 +54,9 @@ def _train_beside_reference(
     torch.manual_seed(0)
     initial = make().train()
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
-    plan = chkpt_opt.plan(model, fresh(args), budget=10**15, optimizer=None, solver="keep_all")
+    plan = chkpt_opt.plan(
+        model, fresh(args), budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
     schedule = schedule_of(plan.graph)
     optimized = rewrite_module(plan.traced.captured.fresh_module(), plan.graph, schedule)
     train(reference, reference, args, {}, context=contextlib.nullcontext, reseed=reseed)
@@ -186,7 +188,9 @@ def _compiled_beside_reference(make: Callable[[], nn.Module], args: tuple, sched
     torch.manual_seed(0)
     initial = make().train()
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    plan = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
     schedule = schedule_of(plan.graph)
     optimized = rewrite_module(plan.traced.captured.fresh_module(), plan.graph, schedule)
     compiled = torch.compile(optimized, backend="aot_eager")
@@ -268,7 +272,9 @@ def test_the_nested_search_does_not_nest_over_state_written_in_place(make, may_n
     sequence (see schedule.nesting_allowed): the nested search keeps to one level of
     regions on such graphs, and nests elsewhere."""
     args = (torch.randn(64, 64), torch.randn(64, 64))[: 2 if make is WritesItsInput else 1]
-    plan = chkpt_opt.plan(make(), args, budget=10**15, optimizer=None, solver="keep_all")
+    plan = chkpt_opt.plan(
+        make(), args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
     assert nesting_allowed(plan.graph) is may_nest
     result = get_solver("nested")(plan.graph, 0, time_limit_s=20)
     assert bool(result.schedule.nested) is may_nest

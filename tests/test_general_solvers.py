@@ -111,7 +111,13 @@ def test_deep_chain_plans_at_three_quarters_of_the_smallest_keep_set_budget() ->
     model, x, _, resident, budget = deep_chain_at_three_quarters()
     general = get_solver("auto", general=True)
     plan = chkpt_opt.plan(
-        model, (x,), budget=budget, optimizer=None, solver=general, time_limit_s=60
+        model,
+        (x,),
+        budget=budget,
+        optimizer=None,
+        solver=general,
+        time_limit_s=60,
+        profile_times=False,
     )
     assert plan.result.feasible and plan.schedule.nested
     measured, equal = _measured_against_original(model, (x,), plan)
@@ -133,10 +139,12 @@ def test_vgg_plans_nested_below_the_keep_set_optimum_and_runs_as_predicted(
     keep_floor = get_solver("auto", general=False)(graph, 0, time_limit_s=30).peak_bytes
     budget = int(keep_floor * floor_fraction)
     keep = get_solver("auto", general=False)(graph, budget, time_limit_s=30)
-    static = chkpt_opt.plan(model, args, budget=10**12, optimizer=None).static
+    static = chkpt_opt.plan(model, args, budget=10**12, optimizer=None, profile_times=False).static
     resident = static.param_bytes + static.buffer_bytes + static.input_bytes
     # The keep-set stages may take 90% of the limit; dp_nested needs a few seconds after.
-    plan = chkpt_opt.plan(model, args, budget=budget + resident, optimizer=None, time_limit_s=45)
+    plan = chkpt_opt.plan(
+        model, args, budget=budget + resident, optimizer=None, time_limit_s=45, profile_times=False
+    )
     assert_valid_result(graph, plan.result, budget)
     assert plan.result.feasible and (plan.schedule.nested or plan.schedule.staged)
     # optimal over every schedule: the staged program's bound (whether dp_nested finished

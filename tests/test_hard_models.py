@@ -60,7 +60,14 @@ LIMIT_S = 20.0  # these plans need a schedule that fits, not a proof of its opti
 
 
 def smallest_budget(model: nn.Module, args: tuple, kwargs: dict | None = None) -> int:
-    full = chkpt_opt.plan(model, fresh(args), example_kwargs=kwargs, budget=10**15, optimizer=None)
+    full = chkpt_opt.plan(
+        model,
+        fresh(args),
+        example_kwargs=kwargs,
+        budget=10**15,
+        optimizer=None,
+        profile_times=False,
+    )
     return full.static.resident_bytes + smallest_peak(full.graph, time_limit_s=LIMIT_S).peak_bytes
 
 
@@ -158,7 +165,12 @@ def check_hard_model(
     reference, forced_model = copy.deepcopy(initial), copy.deepcopy(initial)
     with context():
         graph_plan = chkpt_opt.plan(
-            forced_model, fresh(args), example_kwargs=kwargs, budget=10**15, optimizer=None
+            forced_model,
+            fresh(args),
+            example_kwargs=kwargs,
+            budget=10**15,
+            optimizer=None,
+            profile_times=False,
         )
     forced = rewrite_module(
         graph_plan.traced.captured.fresh_module(), graph_plan.graph, whole_forward(graph_plan.graph)
@@ -301,7 +313,7 @@ def test_every_region_boundary_the_graph_allows_keeps_the_gradients() -> None:
     initial = InPlace()
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
     args = (torch.randn(64, 64),)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, profile_times=False)
     graph = plan.graph
     order = ordered_nodes(graph)
     cuts = [i + 1 for i, n in enumerate(order) if graph.nodes[n]["cut_after_ok"]]
@@ -393,7 +405,7 @@ def test_state_snapshots_are_not_in_the_plan() -> None:
     torch.manual_seed(0)
     model = ReadThenUpdated()
     args = (torch.randn(512, 64),)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, profile_times=False)
     schedule = whole_forward(plan.graph)
     optimized = rewrite_module(plan.traced.captured.fresh_module(), plan.graph, schedule)
     predicted = chkpt_opt.simulate(plan.graph, schedule).peak_bytes
@@ -584,7 +596,7 @@ def test_autocast_inside_forward_prediction_within_3_percent() -> None:
     torch.manual_seed(0)
     model = AllAutocast()
     args = (torch.randn(512, 64),)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, profile_times=False)
     with preserved_state(model):
         measured = measure_step(plan.apply(), args, {}).peak_bytes
     assert abs(measured - plan.profile.peak_bytes) <= 0.03 * measured
@@ -632,7 +644,7 @@ def test_autocast_weight_cache_is_in_the_plan() -> None:
     model = LayerNormMlp(width=256)
     args = (torch.randn(64, 256),)
     with _bf16(cache=True)():
-        plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)
+        plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, profile_times=False)
         with preserved_state(model):
             measured = measure_step(plan.apply(), args, {}).peak_bytes
     assert abs(measured - plan.profile.peak_bytes) <= 0.03 * measured
@@ -683,7 +695,9 @@ class OutputReadTwice(nn.Module):
 def test_output_that_is_also_read_twice_is_planned() -> None:
     model = OutputReadTwice()
     args = (torch.randn(512, 64),)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None)  # keep everything
+    plan = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, profile_times=False
+    )  # keep everything
     with preserved_state(model):
         measured = measure_step(plan.apply(), args, {}).peak_bytes
     assert measured <= plan.profile.peak_bytes
@@ -829,7 +843,9 @@ def _compile_and_train(backend: str) -> None:
     initial = CompileNet()
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
     args = (torch.randn(256, 32),)
-    plan = chkpt_opt.plan(model, args, budget=smallest_budget(model, args), optimizer=None)
+    plan = chkpt_opt.plan(
+        model, args, budget=smallest_budget(model, args), optimizer=None, profile_times=False
+    )
     assert plan.schedule.regions
     compiled = torch.compile(plan.apply(), backend=backend)
     train(reference, reference, args, {}, context=contextlib.nullcontext, reseed=None)
@@ -856,7 +872,9 @@ class NonZero(nn.Module):
 @pytest.mark.parametrize("tracer", ["auto", "fx"])
 def test_data_dependent_shapes_are_refused_naming_the_op(tracer: str) -> None:
     with pytest.raises(TraceError) as info:
-        chkpt_opt.plan(NonZero(), (torch.randn(8, 16),), budget=10**15, tracer=tracer)
+        chkpt_opt.plan(
+            NonZero(), (torch.randn(8, 16),), budget=10**15, tracer=tracer, profile_times=False
+        )
     message = str(info.value)
     assert "nonzero" in message and "output shape depends on tensor values" in message
 
@@ -865,7 +883,7 @@ def test_python_value_of_a_tensor_is_refused_naming_the_op() -> None:
     """Batch norm with momentum=None divides by float(num_batches_tracked)."""
     model = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16, momentum=None))
     with pytest.raises(TraceError) as info:
-        chkpt_opt.plan(model, (torch.randn(8, 16),), budget=10**15)
+        chkpt_opt.plan(model, (torch.randn(8, 16),), budget=10**15, profile_times=False)
     message = str(info.value)
     assert "BatchNorm1d" in message and "reads a tensor's value into Python" in message
 
@@ -886,7 +904,7 @@ class Opaque(nn.Module):
 
 def test_op_without_fake_kernel_is_refused_naming_the_op() -> None:
     with pytest.raises(TraceError) as info:
-        chkpt_opt.plan(Opaque(), (torch.randn(8, 16),), budget=10**15)
+        chkpt_opt.plan(Opaque(), (torch.randn(8, 16),), budget=10**15, profile_times=False)
     message = str(info.value)
     assert "opaque_sin" in message and "no fake-tensor (meta) kernel" in message
 
@@ -910,14 +928,20 @@ def test_fx_tracer_refuses_no_grad_and_autocast_blocks() -> None:
     """Before the fix, tracer='fx' dropped them silently: gradients flowed through the
     no-grad block, and the autocast block computed in float32."""
     with pytest.raises(TraceError, match="grad mode disabled inside forward"):
-        chkpt_opt.plan(NoGradInside(), (torch.randn(8, 32),), budget=10**15, tracer="fx")
+        chkpt_opt.plan(
+            NoGradInside(), (torch.randn(8, 32),), budget=10**15, tracer="fx", profile_times=False
+        )
     with pytest.raises(TraceError, match="autocast enabled inside forward"):
-        chkpt_opt.plan(AutocastInside(), (torch.randn(8, 64),), budget=10**15, tracer="fx")
+        chkpt_opt.plan(
+            AutocastInside(), (torch.randn(8, 64),), budget=10**15, tracer="fx", profile_times=False
+        )
 
 
 def test_region_boundary_inside_a_no_grad_span_is_refused() -> None:
     model = NoGradInside()
-    plan = chkpt_opt.plan(model, (torch.randn(64, 32),), budget=10**15, optimizer=None)
+    plan = chkpt_opt.plan(
+        model, (torch.randn(64, 32),), budget=10**15, optimizer=None, profile_times=False
+    )
     graph = plan.graph
     order = ordered_nodes(graph)
     span = next(n for n in order if "wrap_with_set_grad_enabled" in graph.nodes[n]["op"])
@@ -939,7 +963,9 @@ def test_region_boundary_inside_a_no_grad_span_is_refused() -> None:
 
 
 def test_schedule_for_another_model_is_refused() -> None:
-    plan = chkpt_opt.plan(NoGradInside(), (torch.randn(8, 32),), budget=10**15, optimizer=None)
+    plan = chkpt_opt.plan(
+        NoGradInside(), (torch.randn(8, 32),), budget=10**15, optimizer=None, profile_times=False
+    )
     with pytest.raises(ChkptOptError, match="not in graph"):
         rewrite_module(
             plan.traced.captured.fresh_module(), plan.graph, Schedule(regions=(("no_such_op",),))

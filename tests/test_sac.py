@@ -25,7 +25,9 @@ from chkpt_opt.memory_model.simulate import simulate
 @pytest.fixture(scope="module")
 def traced():
     model, args, _ = zoo.gpt(n_layer=3, d_model=64, n_head=4, seq_len=64, batch=4, vocab=256)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    plan = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
     issued = dispatched_ops(plan.traced.captured.module, plan.traced.captured.flat_inputs)
     return model, args, plan.graph, issued
 
@@ -90,7 +92,9 @@ def test_ops_written_in_place_later_are_recomputed_not_cached() -> None:
     """A ResNet: batch norm's output is written by ``relu_`` and ``+=``; SAC refuses to hand
     back a cached tensor that was mutated, so the lowering must not cache those outputs."""
     model, args, _ = zoo.resnet(widths=(8, 16), blocks_per_stage=1, image=16, batch=2)
-    plan = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, solver="keep_all")
+    plan = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
     graph = plan.graph
     issued = dispatched_ops(plan.traced.captured.module, plan.traced.captured.flat_inputs)
     order = ordered_nodes(graph)
