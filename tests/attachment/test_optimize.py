@@ -40,6 +40,7 @@ def test_the_summary_lists_each_plan_once_with_the_shapes_it_served() -> None:
     net = _net()
     chkpt_opt.optimize(net, budget=10**12, optimizer=None, profile_times=False)
     for batch in (32, 32, 24, 16, 8):
+        net.zero_grad(set_to_none=True)  # a step per batch (no gradients held across)
         net(torch.randn(batch, WIDTH)).sum().backward()
     attachment = chkpt_opt.attachment_of(net)
     assert isinstance(attachment, chkpt_opt.attachment.Attachment)
