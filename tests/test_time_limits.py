@@ -19,6 +19,7 @@ from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver, smallest_peak
 from chkpt_opt.solvers.bounds.lowest_peak import lowest_peak
+from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.deadline import GRACE_S, NO_DEADLINE, Deadline, run_child, run_stoppable
 from chkpt_opt.solvers.engines import milp_engine
 from chkpt_opt.solvers.engines.cpsat_engine import run_cp, solve_cp
@@ -223,3 +224,32 @@ def test_a_budget_below_the_schedule_independent_bytes_is_proven_infeasible_at_o
     for outcome in (milp_engine.solve_milp(program, 0), solve_cp(program, 0)):
         assert outcome.proven_infeasible and outcome.chosen is None
     assert time.perf_counter() - start < 1.0
+
+
+BIG_LIMIT_S = 8.0
+
+
+def test_auto_returns_within_its_time_limit_on_a_3000_op_chain() -> None:
+    # The 32-layer Hugging Face Llama (1,866 ops) ran 29.8 s given 5 s: the recompute
+    # bound's row checks and the searches beyond keep-set did not look at the deadline.
+    graph = chain_graph(3000, activation_bytes=[(1 + k % 7) << 16 for k in range(3000)])
+    budget = simulate(graph, Schedule()).peak_bytes // 3
+    start = time.perf_counter()
+    result = get_solver("auto")(graph, budget, time_limit_s=BIG_LIMIT_S)
+    elapsed = time.perf_counter() - start
+    assert elapsed <= BIG_LIMIT_S + SLACK_S, elapsed
+    if result.feasible:
+        assert simulate(graph, result.schedule).peak_bytes <= budget
+
+
+def test_auto_stops_at_once_on_a_budget_below_the_proven_floor() -> None:
+    # chkpt-opt max-batch spent auto's whole 60 s on batches the bound's floor refuses.
+    graph = load_graph(GRAPHS / "gpt_large.json")
+    floor = recompute_bound(graph, 10**15).floor_bytes
+    assert floor > 0
+    start = time.perf_counter()
+    result = get_solver("auto")(graph, floor - 1, time_limit_s=60.0)
+    assert time.perf_counter() - start < 30.0
+    assert result.status == SolveStatus.INFEASIBLE and result.proves_infeasible and result.proven
+    assert result.stats["min_feasible_lower_bytes"] == floor
+    assert simulate(graph, result.schedule).peak_bytes > floor - 1

@@ -151,6 +151,9 @@ def beyond_keep_set(
     searches += [(1.0, partial(get_solver, "cached", warm_start=start)) for start in starts]
     weights = [w for w, _ in searches]
     for k, (weight, make) in enumerate(searches):
+        if deadline.expired():  # the time limit is a promise: the best so far
+            refused["time_limit"] = f"passed before {make().name} and the searches after it"
+            break
         left_s = deadline.remaining_s()
         search = make()
         run(search, None if left_s is None else left_s * weight / sum(weights[k:]))
@@ -165,7 +168,7 @@ def beyond_keep_set(
     # from its result where that is the best so far; not where the best already meets the
     # bound that holds over every schedule.
     best = best_of([keep, *found])
-    if not _proven_over_every_schedule(best, cover, every_s, gap):
+    if not _proven_over_every_schedule(best, cover, every_s, gap) and not deadline.expired():
         before = len(found)
         cap_s = best.objective if best.feasible else None  # only cheaper schedules matter
         cached_program = get_solver("milp_cached", keep_set=keep, cost_cap_s=cap_s)

@@ -10,14 +10,20 @@ the later stages find can be cheaper by more than the gap: ``auto`` returns it a
 ``"every_schedule"``: the bound's space). Only on graphs of more than :data:`EARLY_MIN_OPS`
 ops: on smaller ones the exact stages answer within seconds, and their proofs (over
 keep-set schedules, and the staged program's over every schedule) say more.
+
+:func:`proven_infeasible` is ``auto``'s result where the bound's floor, which holds over
+every schedule, is above the budget: no search can find a schedule that fits, so ``auto``
+returns at once (``infeasible`` with ``proves_infeasible``), where it would otherwise spend
+its whole limit looking (``chkpt-opt max-batch`` at batches whose floor is above the budget).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.auto.keep_set import closes_gap
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of, meets_bound
+from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of, keep_all, meets_bound
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound
 from chkpt_opt.solvers.deadline import Deadline
 
@@ -62,3 +68,28 @@ def early_result(
         solve_s=deadline.elapsed_s(),
         stats=stats,
     )
+
+
+def proven_infeasible(
+    graph: CostGraph, budget_bytes: int, cover: RecomputeBound, deadline: Deadline, name: str
+) -> SolveResult:
+    """``auto``'s result where ``cover`` proves that no schedule fits ``budget_bytes``: the
+    keep-all schedule, ``infeasible`` with ``proves_infeasible``, the floor in
+    ``stats["min_feasible_lower_bytes"]`` (the smallest budget any schedule could meet is
+    at least that; ``smallest_peak`` searches the lowest peak itself)."""
+    assert cover.proves_infeasible
+    result = keep_all(
+        graph,
+        budget_bytes,
+        solver=name,
+        deadline=deadline,
+        stats={
+            "stopped_at": "proven_infeasible",
+            "recompute_bound": cover.summary(),
+            "proofs_over": "every_schedule",
+            "min_feasible_proven": False,
+            "min_feasible_lower_bytes": cover.floor_bytes,
+        },
+    )
+    assert result.status == SolveStatus.INFEASIBLE  # its peak is at least the floor
+    return dataclasses.replace(result, proves_infeasible=True, solve_s=deadline.elapsed_s())

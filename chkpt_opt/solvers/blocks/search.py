@@ -133,7 +133,7 @@ class BlockSearch:
             except SolverError as err:
                 refused[cutting.phase] = str(err)
         if not phases and out_of_time:  # the time limit is a promise: greedy's schedule
-            fallback = greedy_sweep(graph, budget_bytes, time_limit_s=None)
+            fallback = greedy_sweep(graph, budget_bytes, time_limit_s=deadline.remaining_s())
             return dataclasses.replace(
                 fallback,
                 solver=solver,
@@ -209,6 +209,7 @@ class BlockSearch:
         budget_bytes: int,
         deadline: Deadline,
     ) -> _Phase:
+        deadline.check("the block search's interval model")  # it is not cut once started
         exact = build_interval_model(graph, segments=blocks.bounds)
         model, folded = fold_shared_lifetimes(exact, blocks)
         segments = split_model(model, blocks)

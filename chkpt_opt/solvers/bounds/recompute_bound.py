@@ -54,6 +54,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 from ortools.linear_solver import pywraplp
 
 from chkpt_opt.graphs.costgraph import (
@@ -66,6 +67,7 @@ from chkpt_opt.graphs.costgraph import (
 from chkpt_opt.graphs.io import graph_to_dict
 from chkpt_opt.memory_model.op_sequence import lower
 from chkpt_opt.memory_model.schedule import Schedule
+from chkpt_opt.solvers.bounds.row_check import RowArrays, row_arrays, row_excess
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 
 LP_TOLERANCE = 1e-7
@@ -331,8 +333,13 @@ def _solve_bound(
         value = lp.solve(deadline)
         if value is None:
             break
+        # The optimum over the rows added so far: the relaxation with fewer rows has a
+        # lower optimum, so it bounds every schedule whether or not more rows follow.
         bound = max(0.0, value * (1 - LP_TOLERANCE) - LP_TOLERANCE * rows.total_fwd_s)
-        pending = lp.violated(over)
+        checked = lp.violated(over, deadline)
+        if checked is None:  # the deadline passed while checking: rows may still be violated
+            break
+        pending = checked
     return done(bound, lp.n_rows, not pending, lp.values if bound is not None else {})
 
 
@@ -348,6 +355,8 @@ class _CoverLp:
         self.added: set[int] = set()
         self.n_rows = 0
         self.values: dict[str, float] = {}
+        self.ops = {op: k for k, op in enumerate(rows.fwd_time)}
+        self._arrays: dict[int, RowArrays] = {}
 
     def _recomputed(self, op: str) -> pywraplp.Variable:
         if op not in self.r:
@@ -399,29 +408,27 @@ class _CoverLp:
         self.values = {op: v.solution_value() for op, v in self.r.items()}
         return self.solver.Objective().Value()
 
-    def violated(self, rows: list[_Row]) -> list[_Row]:
+    def violated(self, rows: list[_Row], deadline: Deadline = NO_DEADLINE) -> list[_Row] | None:
         """Rows not yet added whose memory the LP's solution does not keep under the
-        budget, most violated first. The memory of a row is taken at a feasible point of
-        its constraints (every ``d`` at its ``r``, every ``a`` as low as that allows), so a
-        row found to hold does hold."""
-        owner, r = self.rows.owner, self.values
+        budget, most violated first; None where ``deadline`` passed before every row was
+        checked. The memory of a row is taken at a feasible point of its constraints
+        (every ``d`` at its ``r``, every ``a`` as low as that allows), so a row found to
+        hold does hold."""
+        r = np.zeros(len(self.ops))
+        for op, value in self.values.items():
+            r[self.ops[op]] = value
         found: list[tuple[float, int, _Row]] = []
-        for row in rows:
+        for k, row in enumerate(rows):
             if row.position in self.added:
                 continue
-            closure = self.rows.closure(row)
-            sizes = {**row.kept, **closure.extra}
-            alive = dict.fromkeys(sizes, 0.0)
-            for sid in row.kept:
-                alive[sid] = 1.0 - r.get(owner[sid], 0.0)
-            for o, t in closure.reads:
-                alive[t] = max(alive[t], r.get(o, 0.0) - r.get(owner[t], 0.0))
-            room_bytes = self.budget_bytes - row.fixed_bytes
-            excess = sum(sizes[x] * alive[x] for x in sizes) - room_bytes
-            # A storage larger than the room must be dead (see ``add``): any share of it
-            # alive violates the row.
-            forced = sum(sizes[x] * alive[x] for x in sizes if sizes[x] > room_bytes)
-            excess = max(excess, forced)
+            if k % 16 == 0 and deadline.expired():
+                return None
+            if row.position not in self._arrays:
+                closure = self.rows.closure(row)
+                self._arrays[row.position] = row_arrays(
+                    row.kept, closure.extra, closure.reads, self.rows.owner, self.ops
+                )
+            excess = row_excess(self._arrays[row.position], r, self.budget_bytes - row.fixed_bytes)
             if excess > 1e-6 * self.budget_bytes:
                 found.append((-excess, row.position, row))
         found.sort(key=lambda item: item[:2])

@@ -286,6 +286,7 @@ class DpNestedSolver:
 
         try:
             for cuts in stages:
+                deadline.check("dp_nested's cut sets")
                 plan = top_plan(dp_for(cuts, False), budget_bytes)
                 if plan is not None:
                     found.append((*_judged(graph, chain, plan), len(cuts)))
@@ -301,9 +302,11 @@ class DpNestedSolver:
                     low = dp_for(cuts, True)
                     climb = lowest_peak_floor_bytes(chain)
                     while (plan := top_plan(low, climb)) is None:
+                        deadline.check("dp_nested's climb to the lowest peak")
                         climb += max(1, climb // PEAK_STEPS)
                     while True:
                         lowest.append((*_judged(graph, chain, plan), len(cuts), plan[1], False))
+                        deadline.check("dp_nested's descent from the lowest peak")
                         lower = top_plan(low, plan[1] - 1)
                         if lower is None:
                             break
