@@ -8,7 +8,8 @@ keep-set in the time left; each says what it runs and when it stops.
 :mod:`~chkpt_opt.solvers.auto.early` returns at once where a rounding of the recompute
 bound's LP, run right after the bound, is within ``gap`` of that bound, and at once where
 the bound's floor, which holds over every schedule, proves that nothing fits a budget above
-0 bytes (a budget of 0 bytes asks for the lowest peak: ``smallest_peak``).
+0 bytes (a budget of 0 bytes asks for the lowest peak: ``smallest_peak``) on a graph of more
+than ``EARLY_MIN_OPS`` ops (on smaller ones the searches find the lowest peak in seconds).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from chkpt_opt.graphs.frozen import frozen
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.auto.beyond import LOWEST_PEAK_SHARE, beyond_keep_set
-from chkpt_opt.solvers.auto.early import early_result, proven_infeasible
+from chkpt_opt.solvers.auto.early import EARLY_MIN_OPS, early_result, proven_infeasible
 from chkpt_opt.solvers.auto.keep_set import NO_FIT_KEEP_SET_SHARE, keep_set_result
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
@@ -119,7 +120,8 @@ class AutoSolver:
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         deadline = Deadline.after(limit)
         cover = recompute_bound(graph, budget_bytes, deadline=deadline.share(BOUND_SHARE))
-        if cover.proves_infeasible and budget_bytes > 0:
+        big = graph.number_of_nodes() > EARLY_MIN_OPS
+        if cover.proves_infeasible and budget_bytes > 0 and big:
             return proven_infeasible(graph, budget_bytes, cover, deadline, self.name)
         if not self.general:
             return keep_set_result(self, graph, budget_bytes, deadline, cover)

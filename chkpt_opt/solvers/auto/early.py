@@ -13,8 +13,11 @@ keep-set schedules, and the staged program's over every schedule) say more.
 
 :func:`proven_infeasible` is ``auto``'s result where the bound's floor, which holds over
 every schedule, is above the budget: no search can find a schedule that fits, so ``auto``
-returns at once (``infeasible`` with ``proves_infeasible``), where it would otherwise spend
-its whole limit looking (``chkpt-opt max-batch`` at batches whose floor is above the budget).
+returns at once (``infeasible`` with ``proves_infeasible``; the keep-all schedule, not the
+lowest peak: ``smallest_peak`` searches that), where it would otherwise spend its whole
+limit looking (``chkpt-opt max-batch`` at batches whose floor is above the budget). Only on
+graphs of more than :data:`EARLY_MIN_OPS` ops, where budgets above 0 bytes ask: on smaller
+ones the searches report the lowest peak within seconds.
 """
 
 from __future__ import annotations
