@@ -23,6 +23,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from chkpt_opt.codegen.recursion_room import recursion_room
 from chkpt_opt.fx_attrs import fetch_attr
 
 _RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -296,6 +297,8 @@ class CheckpointRegion(torch.nn.Module):
         self.for_compile = for_compile
         self.replays_rng = replays_rng
         self._key = cache_key
+        # Itself and the regions nested in it, deepest chain (see recursion_room).
+        self.nesting_levels: int = 1 + max((r.nesting_levels for r in inner), default=0)
 
     @property
     def cache_key(self) -> str:
@@ -345,6 +348,7 @@ class CheckpointRegion(torch.nn.Module):
             if position in self.written:
                 copies.append(statics[position])
         with (
+            recursion_room(self.nesting_levels),  # a recomputation during backward()
             _replayed_generators(generators, generator_states),
             _cache_marks_scope(),
             _private_copies(copies),
@@ -403,16 +407,17 @@ class CheckpointRegion(torch.nn.Module):
         # Checkpoint replays the default generators; explicit ones are replayed here.
         generators = self._generators(statics)
         states = tuple(g.get_state() for g in generators)
-        return checkpoint(
-            functools.partial(self._run, live, attrs, generators, states, [0]),
-            *acts,
-            *snapshots,
-            use_reentrant=False,
-            preserve_rng_state=self.replays_rng,
-            context_fn=(
-                functools.partial(_selective_contexts, self._key) if self._key else _contexts
-            ),
-        )
+        with recursion_room(self.nesting_levels):
+            return checkpoint(
+                functools.partial(self._run, live, attrs, generators, states, [0]),
+                *acts,
+                *snapshots,
+                use_reentrant=False,
+                preserve_rng_state=self.replays_rng,
+                context_fn=(
+                    functools.partial(_selective_contexts, self._key) if self._key else _contexts
+                ),
+            )
 
     def extra_repr(self) -> str:
         return f"{len(self.names)} ops: {self.names[0]} .. {self.names[-1]}"
