@@ -39,7 +39,12 @@ from chkpt_opt.attachment.buckets import grown_inputs
 from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
 from chkpt_opt.attachment.call_key import CallKey, call_key
 from chkpt_opt.attachment.compiled_call import compiled_training_call
-from chkpt_opt.attachment.held_outputs import dropping_outputs, watch, watched_positions
+from chkpt_opt.attachment.held_outputs import (
+    dropping_outputs,
+    outputs_held_hint,
+    watch,
+    watched_positions,
+)
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
 from chkpt_opt.attachment.runner import (
     AttachmentStats,
@@ -258,7 +263,8 @@ class Attachment:
         if schedule is None:
             schedule, source = self._stored(graph), "stored"
         if schedule is None:
-            schedule, source = self._solved(traced), "solved"
+            with outputs_held_hint(can_drop and not drops):
+                schedule, source = self._solved(traced), "solved"
         if source != "reused":
             made.append((elements, schedule))
         module = rewrite_module(traced.captured.fresh_module(), graph, schedule)

@@ -26,13 +26,15 @@ PyTorch frees it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
+from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph, storage_refs
 from chkpt_opt.graphs.tracer.step_outputs import differentiated_positions, loss_position
 
@@ -107,3 +109,27 @@ def watch(out: Any, positions: tuple[int, ...], observe: Callable[[bool], None])
             observe(any(not ref.expired() for ref in others))
 
     loss.register_hook(at_backward)
+
+
+@contextlib.contextmanager
+def outputs_held_hint(counted_held: bool) -> Iterator[None]:
+    """Where ``counted_held`` (the plan counts the outputs beside the loss held, and the
+    loop may drop them), an :class:`InfeasibleBudgetError` raised inside says what a loop
+    that drops them can do: pass ``outputs_held=False``, and their bytes are the plan's."""
+    try:
+        yield
+    except InfeasibleBudgetError as err:
+        if not counted_held:
+            raise
+        message = (
+            f"{err} This plan counts the model's outputs beside the loss (the logits) as "
+            "held through the backward pass, as a loop that keeps them does; if your loop "
+            "drops them first (`loss = model(**batch).loss`, as Trainer does), pass "
+            "chkpt_opt.optimize(..., outputs_held=False) and their bytes are free for the plan."
+        )
+        raise InfeasibleBudgetError(
+            message,
+            budget_bytes=err.budget_bytes,
+            min_feasible_bytes=err.min_feasible_bytes,
+            exact=err.exact,
+        ) from err

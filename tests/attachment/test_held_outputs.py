@@ -204,3 +204,24 @@ def test_dropping_outputs_is_refused_where_every_output_is_differentiated() -> N
     assert dropped.graph["outputs"] == graph.graph["outputs"][:1]
     assert "grad_outputs" not in dropped.graph and "grad_outputs" in graph.graph
     assert simulate(dropped, chkpt_opt.Schedule()).peak_bytes >= 0
+
+
+def test_an_unmet_budget_counted_with_the_logits_held_says_how_to_drop_them() -> None:
+    # 3.6 MB lies between the lowest step peaks with the logits held (3.93 MB) and dropped
+    # (3.40 MB): the refusal names outputs_held=False, and that setting fits.
+    with pytest.raises(chkpt_opt.InfeasibleBudgetError) as held:
+        chkpt_opt.optimize(
+            _llama(), budget="3.6MB", example_kwargs=_batch(), time_limit_s=5, profile_times=False
+        )
+    assert "outputs_held=False" in str(held.value)
+    assert held.value.min_feasible_bytes > 3_600_000
+    model = chkpt_opt.optimize(
+        _llama(),
+        budget="3.6MB",
+        example_kwargs=_batch(),
+        time_limit_s=5,
+        profile_times=False,
+        outputs_held=False,
+    )
+    runner = chkpt_opt.attachment_of(model).runners[-1]
+    assert runner.drops_outputs and runner.predicted_peak_bytes <= 3_600_000
