@@ -37,6 +37,8 @@ the space beyond keep-set (``dp_nested``'s, ``milp_cached``'s) are reported in
 wins only if it is better (cheaper while fitting, or a lower peak while nothing fits); it
 is then ``feasible`` (or ``infeasible``) with the recompute bound, the one bound here that
 holds over the larger space, and ``stats["keep_set"]`` records the keep-set result it beat.
+No search starts once the limit has passed (``stats["beyond_keep_set_refused"]["time_limit"]``
+names the first skipped): the limit is a promise, and the best so far is returned.
 
 ``general`` is on by default: codegen runs nested regions and cached ops with the keep-set
 path's rules (explicit generators replayed through every level, batch-norm statistics and
