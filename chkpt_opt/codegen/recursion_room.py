@@ -2,23 +2,30 @@
 
 A region nested in another calls it through its body, ``nn.Module.__call__`` and
 non-reentrant ``torch.utils.checkpoint``: about 9 Python frames per nesting level in the
-forward pass and 3 in the backward's recomputation (measured on Python 3.11 by counting
-the frames below each ``CheckpointRegion._run`` of the reproducer's plans: nesting 30 ->
-280 frames, 60 -> 550, 500 -> 4510). The nested solver may return schedules nested ~100
-deep, past the default limit of 1000 frames: :func:`recursion_room` raises the limit for
-the span of a deep region's call (its forward run, and its recomputation, which runs in
-autograd's engine during ``loss.backward()``) and puts it back when the last such call
-ends. Python 3.11 keeps these frames off the C stack except at C calls; a plan nested 500
-deep ran forward and backward (4510 frames) on an 8 MiB C stack.
+forward pass, and 3 per level in the backward pass, where checkpoint's unpack hooks
+recurse through the enclosing regions' saved inputs (measured on Python 3.11 by counting
+frames in the reproducer's plans: forward, nesting 30 -> 280 frames, 60 -> 550, 500 ->
+4510). The nested solver may return schedules nested ~100 deep, past the default limit
+of 1000 frames. :func:`recursion_room` raises the limit for the span of a deep region's
+call (its forward run, and its recomputation's body) and :func:`room_in_backward` for
+the backward pass through it; the old limit comes back when the last of them ends.
+Python 3.11 keeps these frames off the C stack except at C calls; a plan nested 500 deep
+ran forward and backward (4510 frames) on an 8 MiB C stack, so the solvers' nesting
+needs no cap.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
 
 FRAMES_PER_LEVEL = 16
 """Frames reserved per nesting level (9 measured in the forward pass, with headroom)."""
@@ -96,3 +103,28 @@ def _room(levels: int) -> Iterator[None]:
     finally:
         _ROOMY.reset(token)
         _release(needed)
+
+
+def room_in_backward(outputs: Any, levels: int) -> None:
+    """Makes room, in the backward pass through ``outputs`` (a region's), for its nesting.
+
+    Called after a region's forward call, outside a region that made room (so, for the
+    outermost deep region). In the backward pass checkpoint unpacks a nested region's
+    inputs from its enclosing region's saved tensors, through each level's unpack hook
+    (3 frames per level), before any region's body runs again: the room opens when the
+    first gradient reaches the region's outputs and closes when the backward pass ends
+    (a callback of autograd's engine).
+    """
+    if levels < DEEP_LEVELS or _ROOMY.get() or not torch.is_grad_enabled():
+        return
+    for leaf in tree_leaves(outputs):
+        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+            leaf.register_hook(functools.partial(_open_in_backward, levels))
+
+
+def _open_in_backward(levels: int, grad: torch.Tensor) -> None:
+    needed = _stack_depth() + levels * FRAMES_PER_LEVEL + HEADROOM_FRAMES
+    _ask(needed)
+    torch.autograd.Variable._execution_engine.queue_callback(  # type: ignore[attr-defined]
+        functools.partial(_release, needed)
+    )

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from chkpt_opt.codegen.recursion_room import recursion_room
+from chkpt_opt.codegen.recursion_room import recursion_room, room_in_backward
 from chkpt_opt.fx_attrs import fetch_attr
 
 _RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -408,7 +408,7 @@ class CheckpointRegion(torch.nn.Module):
         generators = self._generators(statics)
         states = tuple(g.get_state() for g in generators)
         with recursion_room(self.nesting_levels):
-            return checkpoint(
+            outputs = checkpoint(
                 functools.partial(self._run, live, attrs, generators, states, [0]),
                 *acts,
                 *snapshots,
@@ -418,6 +418,8 @@ class CheckpointRegion(torch.nn.Module):
                     functools.partial(_selective_contexts, self._key) if self._key else _contexts
                 ),
             )
+        room_in_backward(outputs, self.nesting_levels)
+        return outputs
 
     def extra_repr(self) -> str:
         return f"{len(self.names)} ops: {self.names[0]} .. {self.names[-1]}"
