@@ -97,9 +97,10 @@ def test_a_loop_of_shapes_stays_in_budget_with_the_models_gradients() -> None:
     attachment = chkpt_opt.attachment_of(model)
     stats = attachment.stats
     # The first batch's schedule, made with the logits held, keeps serving once its backward
-    # shows them dropped (no second plan for it). Without a mask the model takes other branches at symbolic sizes (an explicit causal
-    # mask), so each shape is captured alone and reuses the first schedule; with a mask
-    # one symbolic capture serves the smaller padded batch too.
+    # shows them dropped (no second plan for it). Without a mask the model takes other
+    # branches at symbolic sizes (an explicit causal mask), so each shape is captured alone
+    # and reuses the first schedule; with a mask one symbolic capture serves the smaller
+    # padded batch too.
     assert attachment.outputs_held is False
     assert (stats.captures, stats.solves, stats.reuses) == (4, 2, 2)
     symbolic = [r for r in attachment.runners if r.input_dims is not None]
