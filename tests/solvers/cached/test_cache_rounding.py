@@ -54,9 +54,7 @@ def small_llama() -> tuple:
     from chkpt_opt.zoo import huggingface as hf_zoo
 
     model, args, _ = hf_zoo.llama(layers=3, width=64, batch=2, seq=64)
-    base = plan(
-        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
-    )
+    base = plan(model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False)
     return model, args, base
 
 
