@@ -4,10 +4,8 @@ threads, the HiGHS child process) outlives it."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.deadline import Deadline
 from tests.attachment.tiny_models import tiny_llama
+from tests.processes import child_pids, new_child_pids
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,12 +29,6 @@ SLACK_S = 5.0
 STAGES = {"capture", "op timing", "solve", "timed choice"}
 """The stages of planning; the timed choice runs only on measured op times."""
 RUN = {"capture", "op timing", "solve"}
-
-
-def child_pids() -> list[int]:
-    """The process ids of this process's children, reaped or not (Linux)."""
-    tasks = Path(f"/proc/{os.getpid()}/task")
-    return [int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()]
 
 
 def _batch() -> dict[str, torch.Tensor]:
@@ -84,7 +77,7 @@ def _new_threads(before: set[threading.Thread]) -> list[str]:
 
 def test_plan_returns_within_its_limit_and_leaves_nothing_running(budget_bytes: int) -> None:
     model = tiny_llama(vocab=VOCAB, layers=4, max_positions=128)
-    before = set(threading.enumerate())
+    before, children = set(threading.enumerate()), child_pids()
     start = time.perf_counter()
     made = chkpt_opt.plan(
         model, (), example_kwargs=_batch(), budget=budget_bytes, time_limit_s=LIMIT_S
@@ -92,7 +85,7 @@ def test_plan_returns_within_its_limit_and_leaves_nothing_running(budget_bytes: 
     elapsed = time.perf_counter() - start
     assert made.result.status != SolveStatus.OPTIMAL  # the full solve would take longer
     assert elapsed <= _promised_s(LIMIT_S, made.result.stats["planning_s"]), made.result.stats
-    assert not _new_threads(before) and not child_pids()
+    assert not _new_threads(before) and not new_child_pids(children)
     planning: dict[str, Any] = made.result.stats["planning_s"]
     assert RUN <= set(planning) <= STAGES
     assert sum(planning.values()) <= elapsed + 0.1
@@ -108,7 +101,7 @@ def test_the_first_training_step_plans_within_the_limit_and_leaves_nothing_runni
     )
     attachment = chkpt_opt.attachment_of(model)
     optimizer = torch.optim.AdamW(model.parameters())
-    before = set(threading.enumerate())
+    before, children = set(threading.enumerate()), child_pids()
     with caplog.at_level("INFO", logger="chkpt_opt"):
         model(**_batch()).loss.backward()
         optimizer.step()
@@ -117,7 +110,7 @@ def test_the_first_training_step_plans_within_the_limit_and_leaves_nothing_runni
     assert attachment.stats.prepare_s <= _promised_s(LIMIT_S, stats.planning_s), stats
     assert RUN <= set(stats.planning_s) <= STAGES
     assert sum(attachment.stats.planning_s.values()) <= attachment.stats.prepare_s
-    assert not _new_threads(before) and not child_pids()
+    assert not _new_threads(before) and not new_child_pids(children)
     for name in stats.planning_s:  # progress at INFO: each stage started and finished
         assert f"planning: {name} started" in caplog.text
         assert f"planning: {name} finished in" in caplog.text

@@ -3,7 +3,6 @@ seconds for judging the result), with the best it has and an honest status."""
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -28,14 +27,9 @@ from chkpt_opt.solvers.interval.prepare import Prepared, prepare
 from chkpt_opt.solvers.interval.program import build_program
 from chkpt_opt.solvers.nested.dp_nested import chain_of
 from chkpt_opt.solvers.nested.unit_options import with_options
+from tests.processes import child_pids, new_child_pids
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
-
-
-def child_pids() -> list[int]:
-    """The process ids of this process's children, reaped or not (Linux)."""
-    tasks = Path(f"/proc/{os.getpid()}/task")
-    return [int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()]
 
 
 LIMIT_S = 6.0
@@ -86,11 +80,12 @@ def test_run_stoppable_stops_a_call_that_overruns_its_deadline_and_leaves_no_thr
 
 
 def test_run_child_kills_a_child_that_overruns_its_deadline() -> None:
+    children = child_pids()
     start = time.perf_counter()
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
     assert run_child(Deadline.after(0.3), sleeper, b"", what="a slow child", grace_s=0.2) is None
     assert time.perf_counter() - start < 3.0
-    assert not child_pids()
+    assert not new_child_pids(children)
     echo = [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read())"]
     assert run_child(Deadline.after(30.0), echo, b"abc", what="an echo") == b"abc"
 
@@ -115,9 +110,10 @@ def test_a_milp_solve_in_time_is_proven_by_either_backend(backend: str) -> None:
     graph = chain_graph(8, activation_bytes=1000)
     program = build_program(build_interval_model(graph))
     # keep-all peaks at 10,000 bytes, the lowest peak is 5,000
+    children = child_pids()
     outcome = milp_engine.solve_milp(program, 7000, backend=backend, deadline=Deadline.after(30.0))
     assert outcome.proven_optimal and outcome.chosen  # a region at least
-    assert not child_pids()
+    assert not new_child_pids(children)
 
 
 def test_a_cp_sat_solve_that_overruns_the_deadline_is_stopped_and_waited_for() -> None:
