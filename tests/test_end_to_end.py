@@ -83,7 +83,8 @@ def test_reference_gpt_meets_half_the_store_everything_peak_without_optimizer() 
 
 def test_optimized_module_shares_parameters_and_state_dict_keys() -> None:
     model, args, kwargs = MODELS["resnet"]()
-    plan = chkpt_opt.plan(model, args, budget=smallest_budget(model, args, kwargs), optimizer=None)
+    budget = smallest_budget(model, args, kwargs)
+    plan = chkpt_opt.plan(model, args, budget=budget, optimizer=None, time_limit_s=LIMIT_S)
     assert plan.schedule.regions, "the budget must force recompute regions"
     optimized = plan.apply()
     assert {id(p) for p in optimized.parameters()} == {id(p) for p in model.parameters()}
@@ -135,16 +136,17 @@ def test_original_model_is_not_modified() -> None:
 
 def test_budget_below_minimum_states_the_minimum_in_both_units() -> None:
     model, args, kwargs = MODELS["resnet"]()
-    minimum = smallest_budget(model, args, kwargs)
+    budget = smallest_budget(model, args, kwargs) - 1024
     with pytest.raises(chkpt_opt.InfeasibleBudgetError) as info:
-        chkpt_opt.plan(model, args, budget=minimum - 1024, optimizer=None)
+        chkpt_opt.plan(model, args, budget=budget, optimizer=None, time_limit_s=LIMIT_S)
     message = str(info.value)
     # both units, at the scale of the value (format_bytes)
     assert re.search(r"\d (?:kB|MB|GB) \([\d.]+ (?:KiB|MiB|GiB)\)", message), message
-    assert str(minimum) in message
-    assert info.value.min_feasible_bytes == minimum
-    # ... and that minimum is really met.
-    plan = chkpt_opt.plan(model, args, budget=minimum, optimizer=None)
+    minimum = info.value.min_feasible_bytes
+    assert minimum is not None and minimum > budget and str(minimum) in message
+    # ... and that minimum is really met (in the limit given, the search may stop at a
+    # larger one than smallest_peak's: the message names the space its proof covers).
+    plan = chkpt_opt.plan(model, args, budget=minimum, optimizer=None, time_limit_s=LIMIT_S)
     assert plan.predicted_peak_bytes <= minimum
 
 
