@@ -43,7 +43,13 @@ Measured (``python benchmarks/recompute_bound.py --hf``) against 55 proven optim
 corpus and Hugging Face graphs (13-586 ops): 0.002 to 0.999 of the optimum, median 0.835;
 within 1-4% at 90% of the keep-all peak on transformers, 0.58-0.86 at 50-30%, and
 uninformative where in-place ops decide what can be dropped (MobileNet at 90%: 0.002).
-It takes up to 2.9 s (586 ops, 2 shared cores).
+
+The rows and their closures (:mod:`~chkpt_opt.solvers.bounds.bound_rows`) do not depend on
+the budget and are remembered per graph; the LP is solved by HiGHS. Measured
+(``benchmarks/results/bound_at_depth/``, one core): the 32-layer Hugging Face Llama (1,866
+ops) at its layers' peak in 1.4 s (was 9.9 s: closures walked per step, GLOP), the 586-op
+GPT in 0.15-0.2 s (was 0.3-0.7 s); the same bounds to 1e-12 on the corpus and the 4- and
+8-layer Llama.
 """
 
 from __future__ import annotations
@@ -57,17 +63,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from chkpt_opt.graphs.costgraph import (
-    CostGraph,
-    ordered_nodes,
-    owned_storages,
-    storage_owners,
-    storage_refs,
-)
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import graph_to_dict
-from chkpt_opt.memory_model.op_sequence import lower
-from chkpt_opt.memory_model.schedule import Schedule
-from chkpt_opt.solvers.bounds.row_check import RowArrays, row_arrays, row_excess
+from chkpt_opt.solvers.bounds.bound_rows import KeepAllRows, StepRow
+from chkpt_opt.solvers.bounds.row_check import row_excess
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
 
 LP_TOLERANCE = 1e-7
@@ -114,146 +113,18 @@ class RecomputeBound:
         }
 
 
-@dataclass(frozen=True)
-class _Row:
-    """One step of the keep-all sequence: its bytes, as the relaxation sees them.
-
-    Attributes:
-        position: the step's position in the keep-all sequence.
-        during_bytes: bytes alive while the step runs under keep-all, those kept for free
-            left out.
-        fixed_bytes: of these, the bytes alive at this step under every schedule.
-        kept: storage -> bytes of the storages kept for a later backward.
-        alive: every forward storage alive at the step under keep-all.
-        droppable: those of ``alive`` that some schedule may not have there (``kept``, and
-            those kept for no later backward).
-    """
-
-    position: int
-    during_bytes: int
-    fixed_bytes: int
-    kept: dict[str, int]
-    alive: frozenset[str]
-    droppable: frozenset[str]
-
-
-@dataclass(frozen=True)
-class _Closure:
-    """What recomputing after a step may involve.
-
-    Attributes:
-        ops: the owners of the step's kept storages, and the owners of every storage such
-            an op reads that is not alive at the step under every schedule, transitively.
-        reads: ``(op, storage)`` for each such read.
-        extra: storage -> bytes of the storages read that are not among ``kept``.
-    """
-
-    ops: tuple[str, ...]
-    reads: tuple[tuple[str, str], ...]
-    extra: dict[str, int]
-
-
-class _Rows:
-    """The rows of every step of the keep-all op sequence of a graph."""
-
-    def __init__(self, graph: CostGraph, deadline: Deadline = NO_DEADLINE) -> None:
-        nodes = graph.nodes
-        order = ordered_nodes(graph)
-        self.owner = storage_owners(graph)
-        self.fwd_time = {n: nodes[n]["fwd_time_s"] for n in order}
-        self.total_fwd_s = sum(self.fwd_time.values())
-        refs = {n: storage_refs(graph, n) for n in order}
-        steps = lower(graph, Schedule())
-        fwd_pos = {s.node: p for p, s in enumerate(steps) if s.kind == "fwd"}
-        bwd_pos = {s.node: p for p, s in enumerate(steps) if s.kind == "bwd"}
-        # Storages each op reads, and the last forward step that reads each storage.
-        self.reads = {
-            n: sorted({sid for u in graph.predecessors(n) for sid in refs[u]}) for n in order
-        }
-        forward_end: dict[str, int] = {}
-        for n in order:
-            for sid in self.reads[n]:
-                forward_end[sid] = max(forward_end.get(sid, -1), fwd_pos[n])
-        for out in graph.graph["outputs"]:
-            for sid in refs[out]:
-                forward_end[sid] = len(steps)
-        # The last backward step that unpacks each storage.
-        last_unpack: dict[str, int] = {}
-        for n in order:
-            if nodes[n]["has_backward"]:
-                for sid in nodes[n]["saved"]:
-                    last_unpack[sid] = max(last_unpack.get(sid, -1), bwd_pos[n])
-        sizes: dict[str, int] = {}
-        live_bytes = 0
-        alive: set[str] = set()  # forward storages alive (instances "f:<storage>")
-        rows: list[_Row] = []
-        for p, step in enumerate(steps):
-            if p % 64 == 0:
-                deadline.check("walking the keep-all op sequence for the recompute bound")
-            made = set()
-            for inst, nbytes in step.alloc:
-                sizes[inst] = nbytes
-                live_bytes += nbytes
-                if inst.startswith("f:"):
-                    made.add(inst[2:])
-                    alive.add(inst[2:])
-            during = live_bytes + step.transient_bytes
-            read_now = set(nodes[step.node]["saved"]) if step.kind == "bwd" else set()
-            kept: dict[str, int] = {}
-            free = 0
-            for sid in sorted(alive - made - read_now):
-                if forward_end.get(sid, -1) >= p:
-                    continue
-                if last_unpack.get(sid, -1) > p:
-                    kept[sid] = sizes[f"f:{sid}"]
-                else:
-                    free += sizes[f"f:{sid}"]
-            fixed = during - free - sum(kept.values())
-            droppable = frozenset(
-                sid for sid in alive - made - read_now if forward_end.get(sid, -1) < p
-            )
-            rows.append(_Row(p, during - free, fixed, kept, frozenset(alive), droppable))
-            for inst in step.free:
-                live_bytes -= sizes.pop(inst)
-                if inst.startswith("f:"):
-                    alive.discard(inst[2:])
-        self.rows = rows
-        self.floor_bytes = max((r.fixed_bytes for r in rows), default=0)
-        self.graph = graph
-        self._closures: dict[int, _Closure] = {}
-
-    def closure(self, row: _Row) -> _Closure:
-        """The ops and reads a recomputation after ``row``'s step may involve."""
-        if row.position in self._closures:
-            return self._closures[row.position]
-        owner = self.owner
-        seen: set[str] = set()
-        reads: list[tuple[str, str]] = []
-        extra: dict[str, int] = {}
-        stack = sorted({owner[sid] for sid in row.kept}, reverse=True)
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            for t in self.reads[op]:
-                if t not in owner or (t in row.alive and t not in row.droppable):
-                    continue  # resident, or alive at the step under every schedule
-                reads.append((op, t))
-                if t not in row.kept:
-                    extra[t] = owned_storages(self.graph, owner[t], owner)[t]
-                stack.append(owner[t])
-        found = _Closure(tuple(sorted(seen)), tuple(reads), extra)
-        self._closures[row.position] = found
-        return found
-
-
 MEMO_SIZE = 32
 """Complete bounds remembered (by graph content and budget), so that the solvers that
 read the same bound in one ``auto`` call (the bound itself, the rounded warm starts of the
 pruned search and of the search beyond keep-set) solve its LP once."""
 
 _memo: OrderedDict[tuple[str, int, int], RecomputeBound] = OrderedDict()
+
+ROWS_MEMO_SIZE = 2
+"""Graphs whose rows and closures are remembered (by content): they do not depend on the
+budget, and the staged rounding solves the LP again at lowered budgets."""
+
+_rows_memo: OrderedDict[str, KeepAllRows] = OrderedDict()
 
 
 def _content_key(graph: CostGraph) -> str:
@@ -284,11 +155,12 @@ def recompute_bound(
             the walk of the op sequence did not).
         steps_per_round: steps added to the LP per cutting-plane round.
     """
-    key = (_content_key(graph), int(budget_bytes), steps_per_round)
+    content = _content_key(graph)
+    key = (content, int(budget_bytes), steps_per_round)
     if key in _memo:
         _memo.move_to_end(key)
         return _memo[key]
-    found = _solve_bound(graph, budget_bytes, deadline, steps_per_round)
+    found = _solve_bound(graph, content, budget_bytes, deadline, steps_per_round)
     if found.complete:
         _memo[key] = found
         while len(_memo) > MEMO_SIZE:
@@ -296,13 +168,26 @@ def recompute_bound(
     return found
 
 
+def _keep_all_rows(graph: CostGraph, content: str, deadline: Deadline) -> KeepAllRows:
+    """The rows of ``graph`` (content digest ``content``), remembered (see
+    :data:`ROWS_MEMO_SIZE`); raises :class:`DeadlineExceeded` where the walk was cut short."""
+    if content in _rows_memo:
+        _rows_memo.move_to_end(content)
+        return _rows_memo[content]
+    rows = KeepAllRows(graph, deadline)
+    _rows_memo[content] = rows
+    while len(_rows_memo) > ROWS_MEMO_SIZE:
+        _rows_memo.popitem(last=False)
+    return rows
+
+
 def _solve_bound(
-    graph: CostGraph, budget_bytes: int, deadline: Deadline, steps_per_round: int
+    graph: CostGraph, content: str, budget_bytes: int, deadline: Deadline, steps_per_round: int
 ) -> RecomputeBound:
-    """:func:`recompute_bound` without the memo."""
+    """:func:`recompute_bound` without the memo of bounds."""
     clock = Deadline.after(None)
     try:
-        rows = _Rows(graph, deadline)
+        rows = _keep_all_rows(graph, content, deadline)
     except DeadlineExceeded:
         return RecomputeBound(None, 0, False, 0, False, clock.elapsed_s())
     over = [r for r in rows.rows if r.during_bytes > budget_bytes]
@@ -344,39 +229,41 @@ def _solve_bound(
 
 
 class _CoverLp:
-    """The relaxation of the module docstring over the rows added so far, in GLOP."""
+    """The relaxation of the module docstring over the rows added so far, in HiGHS (its dual
+    simplex re-solves these LPs 7-12 times faster than GLOP; the optimum is the same)."""
 
-    def __init__(self, rows: _Rows, budget_bytes: int) -> None:
+    def __init__(self, rows: KeepAllRows, budget_bytes: int) -> None:
         self.rows = rows
         self.budget_bytes = budget_bytes
-        self.solver = pywraplp.Solver.CreateSolver("GLOP")
+        self.solver = pywraplp.Solver.CreateSolver("HIGHS")
+        # HiGHS's banner and log go to stdout unless told (the call reports False even so).
+        self.solver.SetSolverSpecificParametersAsString("output_flag false")
+        self.solver.SetNumThreads(1)
         # r[o]: op o is recomputed at least once (cost: its forward time).
-        self.r: dict[str, pywraplp.Variable] = {}
+        self.r: dict[int, pywraplp.Variable] = {}
         self.added: set[int] = set()
         self.n_rows = 0
         self.values: dict[str, float] = {}
-        self.ops = {op: k for k, op in enumerate(rows.fwd_time)}
-        self._arrays: dict[int, RowArrays] = {}
+        self._r_values = np.zeros(len(rows.ops))
 
-    def _recomputed(self, op: str) -> pywraplp.Variable:
+    def _recomputed(self, op: int) -> pywraplp.Variable:
         if op not in self.r:
             self.r[op] = self.solver.NumVar(0.0, 1.0, "")
-            self.solver.Objective().SetCoefficient(self.r[op], self.rows.fwd_time[op])
+            self.solver.Objective().SetCoefficient(self.r[op], float(self.rows.fwd_time_s[op]))
         return self.r[op]
 
-    def add(self, row: _Row) -> None:
+    def add(self, row: StepRow) -> None:
         """Adds the rows of one step."""
         if row.position in self.added:
             return
         self.added.add(row.position)
         self.n_rows += 1
-        owner, s, inf = self.rows.owner, self.solver, self.solver.infinity()
-        closure = self.rows.closure(row)
-        sizes = {**row.kept, **closure.extra}
-        # a[x]: storage x is alive at this step.
-        a = {x: s.NumVar(0.0, 1.0, "") for x in sizes}
+        s, inf = self.solver, self.solver.infinity()
+        arrays = self.rows.arrays(row)
+        # a[x]: storage x (by its index in the row's sizes) is alive at this step.
+        a = [s.NumVar(0.0, 1.0, "") for _ in range(len(arrays.sizes))]
         # d[o]: op o is recomputed after this step.
-        d = {o: s.NumVar(0.0, 1.0, "") for o in closure.ops}
+        d = {o: s.NumVar(0.0, 1.0, "") for o in arrays.ops.tolist()}
 
         def at_least(value: float, *terms: tuple[pywraplp.Variable, float]) -> None:
             c = s.Constraint(value, inf)
@@ -385,14 +272,17 @@ class _CoverLp:
 
         for o, var in d.items():  # r[o] >= d[o]
             at_least(0.0, (self._recomputed(o), 1.0), (var, -1.0))
-        for sid in row.kept:  # kept for later: alive now, or recomputed later
-            at_least(1.0, (a[sid], 1.0), (d[owner[sid]], 1.0))
-        for o, t in closure.reads:  # a recomputation reads t: alive now, or recomputed too
-            at_least(0.0, (a[t], 1.0), (d[owner[t]], 1.0), (d[o], -1.0))
+        for x, o in enumerate(arrays.kept_owner.tolist()):  # kept: alive now, or recomputed
+            at_least(1.0, (a[x], 1.0), (d[o], 1.0))
+        # A recomputation reads t: alive now, or recomputed too.
+        for t, o, t_owner in zip(
+            arrays.read_storage.tolist(), arrays.read_op.tolist(), arrays.read_owner.tolist()
+        ):
+            at_least(0.0, (a[t], 1.0), (d[t_owner], 1.0), (d[o], -1.0))
         # The step's memory: the bytes of what is alive within what the budget leaves.
         room_bytes = self.budget_bytes - row.fixed_bytes
         memory = s.Constraint(-inf, room_bytes / BYTE_SCALE)
-        for x, nbytes in sizes.items():
+        for x, nbytes in enumerate(arrays.sizes.tolist()):
             memory.SetCoefficient(a[x], nbytes / BYTE_SCALE)
             if nbytes > room_bytes:  # alive or not: a storage larger than the room is not
                 a[x].SetUb(0.0)
@@ -405,30 +295,31 @@ class _CoverLp:
         self.solver.Objective().SetMinimization()
         if self.solver.Solve() != pywraplp.Solver.OPTIMAL:
             return None
-        self.values = {op: v.solution_value() for op, v in self.r.items()}
+        ops = self.rows.ops
+        self.values = {ops[o]: v.solution_value() for o, v in self.r.items()}
+        self._r_values = np.zeros(len(ops))
+        for o, v in self.r.items():
+            self._r_values[o] = v.solution_value()
         return self.solver.Objective().Value()
 
-    def violated(self, rows: list[_Row], deadline: Deadline = NO_DEADLINE) -> list[_Row] | None:
+    def violated(
+        self, rows: list[StepRow], deadline: Deadline = NO_DEADLINE
+    ) -> list[StepRow] | None:
         """Rows not yet added whose memory the LP's solution does not keep under the
         budget, most violated first; None where ``deadline`` passed before every row was
         checked. The memory of a row is taken at a feasible point of its constraints
         (every ``d`` at its ``r``, every ``a`` as low as that allows), so a row found to
         hold does hold."""
-        r = np.zeros(len(self.ops))
-        for op, value in self.values.items():
-            r[self.ops[op]] = value
-        found: list[tuple[float, int, _Row]] = []
+        if not self.rows.prepare([r for r in rows if r.position not in self.added], deadline):
+            return None
+        found: list[tuple[float, int, StepRow]] = []
         for k, row in enumerate(rows):
             if row.position in self.added:
                 continue
-            if k % 16 == 0 and deadline.expired():
+            if k % 64 == 0 and deadline.expired():
                 return None
-            if row.position not in self._arrays:
-                closure = self.rows.closure(row)
-                self._arrays[row.position] = row_arrays(
-                    row.kept, closure.extra, closure.reads, self.rows.owner, self.ops
-                )
-            excess = row_excess(self._arrays[row.position], r, self.budget_bytes - row.fixed_bytes)
+            room_bytes = self.budget_bytes - row.fixed_bytes
+            excess = row_excess(self.rows.arrays(row), self._r_values, room_bytes)
             if excess > 1e-6 * self.budget_bytes:
                 found.append((-excess, row.position, row))
         found.sort(key=lambda item: item[:2])

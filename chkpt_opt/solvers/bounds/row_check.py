@@ -4,14 +4,14 @@ solution.
 
 The check sets every ``d`` at its op's ``r`` and every ``a`` as low as the row's
 constraints allow: a kept storage alive with ``1 - r[owner]``, a storage a recomputation
-reads alive with at least ``r[reader] - r[owner]``. The dictionaries of the row were
-walked in Python once per row and LP round; here each row's storages, owners and reads are
-index arrays built once (:class:`RowArrays`), and a round is a few array operations.
+reads alive with at least ``r[reader] - r[owner]``. Each row's storages, owners and reads are
+index arrays built once (:class:`RowArrays`, by
+:class:`~chkpt_opt.solvers.bounds.bound_rows.KeepAllRows`), and a round is a few array
+operations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 @dataclass(frozen=True)
 class RowArrays:
-    """One row's storages and reads as indices (ops by :func:`op_index`).
+    """One row's storages and reads as indices (ops by their topological position).
 
     Attributes:
         sizes: bytes of each storage the row counts (its kept storages first).
@@ -29,6 +29,7 @@ class RowArrays:
         read_storage: for each read of a recomputation, the storage's index in ``sizes``.
         read_op: the op that reads it.
         read_owner: the storage's owner op.
+        ops: the ops of the closure (those a recomputation after the step may run).
     """
 
     sizes: npt.NDArray[np.float64]
@@ -37,32 +38,7 @@ class RowArrays:
     read_storage: npt.NDArray[np.int64]
     read_op: npt.NDArray[np.int64]
     read_owner: npt.NDArray[np.int64]
-
-
-def row_arrays(
-    kept: Mapping[str, int],
-    extra: Mapping[str, int],
-    reads: Sequence[tuple[str, str]],
-    owner: Mapping[str, str],
-    ops: Mapping[str, int],
-) -> RowArrays:
-    """The arrays of a row with ``kept`` and ``extra`` storages (bytes) and ``reads``
-    (op, storage); ``ops`` numbers the ops."""
-    names = [*kept, *(x for x in extra if x not in kept)]
-    where = {x: k for k, x in enumerate(names)}
-    sizes = [kept[x] if x in kept else extra[x] for x in names]
-
-    def ints(values: Sequence[int]) -> npt.NDArray[np.int64]:
-        return np.asarray(values, dtype=np.int64)
-
-    return RowArrays(
-        sizes=np.asarray(sizes, dtype=np.float64),
-        kept=len(kept),
-        kept_owner=ints([ops[owner[x]] for x in kept]),
-        read_storage=ints([where[t] for _, t in reads]),
-        read_op=ints([ops[o] for o, _ in reads]),
-        read_owner=ints([ops[owner[t]] for _, t in reads]),
-    )
+    ops: npt.NDArray[np.int64]
 
 
 def row_excess(row: RowArrays, r: npt.NDArray[np.float64], room_bytes: int) -> float:
