@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from chkpt_opt.errors import TraceError
 from chkpt_opt.graphs.costgraph import CostGraph, node_attrs
+from chkpt_opt.graphs.tracer.capture import Captured
 from chkpt_opt.graphs.tracer.fake_run import FakeRun, is_call
 from chkpt_opt.graphs.tracer.flops import DeviceModel
 from chkpt_opt.graphs.tracer.ops import (
@@ -28,7 +29,8 @@ from chkpt_opt.graphs.tracer.ops import (
     op_name,
     state_arg_positions,
 )
-from chkpt_opt.graphs.tracer.probe import LeafInfo, ProbeResult, dense_bytes, probe_op
+from chkpt_opt.graphs.tracer.probe import LeafInfo, ProbeResult, dense_bytes
+from chkpt_opt.graphs.tracer.probe_memo import ProbeMemo
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,10 @@ _NOT_TENSOR = object()
 
 class OpNodes(FakeRun):
     """Adds the node of each op to the cost graph (see the module docstring)."""
+
+    def __init__(self, captured: Captured) -> None:
+        super().__init__(captured)
+        self.probes = ProbeMemo()  # each distinct op probed once (.probe_memo)
 
     def _input_leaves(
         self, node: torch.fx.Node, leaves: dict[torch.fx.Node, list[TensorLeaf | None]]
@@ -134,7 +140,7 @@ class OpNodes(FakeRun):
         )
         try:
             with self.fake:
-                result = probe_op(
+                result = self.probes.probe(
                     fn,
                     args,
                     kwargs,
