@@ -22,12 +22,11 @@ call is served by
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from chkpt_opt.attachment.buckets import grown_inputs
+from chkpt_opt.attachment.call_capture import CallCapture
 from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
 from chkpt_opt.attachment.call_key import CallKey, call_key
 from chkpt_opt.attachment.compiled_call import compiled_training_call
@@ -56,11 +55,11 @@ from chkpt_opt.attachment.runner import (
 from chkpt_opt.attachment.size_one import serving_at_size_one
 from chkpt_opt.attachment.step_state import planned_autocast, shared_gradient_bytes
 from chkpt_opt.codegen import rewrite_module
-from chkpt_opt.errors import InfeasibleBudgetError, TraceError
+from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.graphs.tracer import Traced, trace_model
+from chkpt_opt.graphs.tracer import Traced
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
-from chkpt_opt.measurement import measure_traced, trace_and_measure
+from chkpt_opt.measurement import measure_traced
 from chkpt_opt.measurement.timed_choice import op_timing_fits
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.sequence.gradients import holding_parameter_gradients
@@ -99,8 +98,7 @@ class Attachment:
     _families: dict[tuple[object, ...], list[tuple[int, Schedule]]] = field(
         default_factory=dict, repr=False
     )
-    _capturing: bool = field(default=False, repr=False)
-    _fixed_only: set[tuple[object, ...]] = field(default_factory=set, repr=False)
+    capture: CallCapture = field(init=False, repr=False)  # the capture rules (.call_capture)
     # Whether the loop holds the outputs beside the loss through the backward pass, as
     # observed at the last backward (None before the first: plans count them held).
     outputs_held: bool | None = field(default=None, repr=False)
@@ -109,10 +107,13 @@ class Attachment:
     last_runner: Runner | None = field(default=None, repr=False)
     """The runner of the latest training call."""
 
+    def __post_init__(self) -> None:
+        self.capture = CallCapture(self.model, self.own_forward, self.tracer)
+
     # -- the call -------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._capturing or not self.model.training or not torch.is_grad_enabled():
+        if self.capture.capturing or not self.model.training or not torch.is_grad_enabled():
             return self.call_own_forward(*args, **kwargs)
         if torch.compiler.is_compiling():  # planned outside dynamo, run compiled
             return compiled_training_call(self, args, kwargs)
@@ -158,7 +159,7 @@ class Attachment:
             # would watch, and slow, the capture and the solve rather than the step.
             with _disable_current_modes():
                 runner = serving_at_size_one(
-                    symbolic, key, lambda: self._capture_fixed(args, kwargs), self.stats
+                    symbolic, key, lambda: self.capture.fixed(args, kwargs), self.stats
                 ) or self._prepare(key, args, kwargs)
         self._runners[key] = runner
         while len(self._runners) > MAX_RUNNERS:
@@ -177,68 +178,21 @@ class Attachment:
 
     # -- capture and plan -----------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _own_forward_while_capturing(self) -> Iterator[None]:
-        """The model as it was before the plan was attached (torch.export reads its
-        forward's code), for the span of a capture."""
-        attrs = self.model.__dict__
-        attached = attrs.pop("forward", None)
-        if self.own_forward is not None:
-            attrs["forward"] = self.own_forward
-        self._capturing = True
-        try:
-            yield
-        finally:
-            self._capturing = False
-            attrs.pop("forward", None)
-            if attached is not None:
-                attrs["forward"] = attached
-
     def _prepare(self, key: CallKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
         start = time.perf_counter()
         name = type(self.model).__name__
         log.info("chkpt_opt: capturing %s for a new input signature: %s", name, key.describe())
         self._planning = (Deadline.after(self.time_limit_s), {})  # one limit for every stage
         with stage("capture", *self._planning):
-            traced = self._capture(key, args, kwargs)
-            grown = self._grown(key, traced, args, kwargs)
+            traced = self.capture.measured(key, args, kwargs, self._planning[0])
+            planned_before = key.family in self._planned_families  # a family that grows
+            grown = self.capture.grown(key, traced, args, kwargs) if planned_before else None
         if grown is not None:
             try:
                 return self._planned(*grown, start)
             except InfeasibleBudgetError as err:
                 log.info("chkpt_opt: planning at the rounded-up sizes failed (%s)", err)
         return self._planned(key, traced, start)
-
-    def _grown(
-        self, key: CallKey, traced: Traced, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[CallKey, Traced] | None:
-        """For a family planned before (at smaller sizes, or for the outputs held) that
-        a symbolic capture serves: the call's key and capture at sizes rounded up
-        (:mod:`.buckets`), so the lengths that follow need no plan of their own; None
-        where that does not apply. A family planned once keeps its own sizes."""
-        dims = traced.captured.input_dims
-        if dims is None or not dims.symbolic or key.family not in self._planned_families:
-            return None
-        grown = grown_inputs(dims, args, kwargs)
-        if grown is None:
-            return None
-        with self._own_forward_while_capturing():
-            try:
-                bigger = trace_and_measure(self.model, *grown, method="export", dynamic=True)
-            except TraceError as err:
-                log.info("chkpt_opt: no capture at rounded-up sizes (%s)", err)
-                return None
-        ops = program_ops(traced.captured.module)
-        if program_ops(bigger.captured.module) != ops or bigger.captured.input_dims is None:
-            return None
-        grown_key = call_key(self.model, *grown)
-        log.info(
-            "chkpt_opt: %s is planned again for its family: at %s (rounded up), which "
-            "serves the calls up to that size",
-            key.describe(),
-            grown_key.describe(),
-        )
-        return grown_key, bigger
 
     def _planned(self, key: CallKey, traced: Traced, start: float) -> Runner:
         """The runner for ``key``'s capture: a schedule reused, stored or solved."""
@@ -293,41 +247,6 @@ class Attachment:
             watched=watched,
             program=tuple(program_ops(traced.captured.module)) if dims and dims.symbolic else None,
         )
-
-    def _capture_fixed(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
-        with self._own_forward_while_capturing():
-            return trace_model(self.model, args, kwargs, method=self.tracer)
-
-    def _capture(self, key: CallKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
-        """The call captured with symbolic sizes (one graph for every smaller batch and
-        shorter length) where torch.export allows and that graph computes what the capture
-        at this call's own shapes computes (the model's eager program); else at its own
-        shapes."""
-        with self._own_forward_while_capturing():
-            fixed = trace_and_measure(self.model, args, kwargs, method=self.tracer)
-            if fixed.captured.method != "export" or key.family in self._fixed_only:
-                return fixed
-            self._fixed_only.add(key.family)  # until a symbolic capture is kept below
-            try:
-                symbolic = trace_and_measure(
-                    self.model, args, kwargs, method="export", dynamic=True
-                )
-            except TraceError as err:
-                log.info("chkpt_opt: no capture with symbolic sizes (%s)", err)
-                return fixed
-        dims = symbolic.captured.input_dims
-        if dims is None or not dims.symbolic:
-            return fixed
-        if program_ops(symbolic.captured.module) != program_ops(fixed.captured.module):
-            log.info(
-                "chkpt_opt: with symbolic sizes %s runs another program than at fixed "
-                "shapes (branches on sizes or values); each shape of %s is captured alone",
-                type(self.model).__name__,
-                key.describe(),
-            )
-            return fixed
-        self._fixed_only.discard(key.family)
-        return symbolic
 
     def _profiles_times(self, graph: CostGraph) -> bool:
         """Whether a solve measures op times (:func:`.call_inputs.measures_times`)."""

@@ -16,7 +16,7 @@ from chkpt_opt.graphs.tracer.capture import Captured, capture, normalize_inputs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Traced", "trace_model"]
+__all__ = ["Traced", "build_traced", "capture_model", "trace_model"]
 
 
 @dataclass
@@ -57,6 +57,24 @@ def trace_model(
     symbolic where the model allows (``captured.input_dims`` says which); the cost graph is
     that of the example's sizes.
     """
+    captured, args, kwargs = capture_model(
+        model, example_inputs, example_kwargs, method=method, dynamic=dynamic
+    )
+    return build_traced(
+        captured, args, kwargs, name=name or type(model).__name__, progress=progress
+    )
+
+
+def capture_model(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    method: str = "auto",
+    dynamic: bool = False,
+) -> tuple[Captured, tuple[Any, ...], dict[str, Any]]:
+    """The first half of :func:`trace_model`: the capture (and the inputs as captured),
+    without the cost graph."""
     if not isinstance(model, torch.nn.Module):
         raise TraceError(
             f"model must be a torch.nn.Module, got {type(model).__name__}; wrap the function "
@@ -76,8 +94,19 @@ def trace_model(
             type(model).__name__,
         )
     _warn_autocast_cache(model)
-    captured = capture(model, args, kwargs, method=method, dynamic=dynamic)
-    graph = build_cost_graph(captured, name=name or type(model).__name__, progress=progress)
+    return capture(model, args, kwargs, method=method, dynamic=dynamic), args, kwargs
+
+
+def build_traced(
+    captured: Captured,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    name: str,
+    progress: ProgressFn | None = None,
+) -> Traced:
+    """The second half of :func:`trace_model`: the cost graph of a capture."""
+    graph = build_cost_graph(captured, name=name, progress=progress)
     _warn_opaque_spans(graph)
     check_graph(graph)
     return Traced(graph=graph, captured=captured, args=args, kwargs=kwargs)
