@@ -208,10 +208,7 @@ class KeepAllRows:
 
     def arrays(self, row: StepRow) -> RowArrays:
         """The storages, ops and reads of ``row``'s closure, as index arrays."""
-        if row.position not in self._closures:
-            self.prepare([row])
-        ops_bits, reads_bits = self._closures[row.position]
-        on = np.flatnonzero(np.unpackbits(reads_bits, count=len(self.read_op)))
+        on, ops = self._closure(row)
         read_storage = self.read_storage[on]
         is_extra = np.zeros(len(self.storages), dtype=bool)
         is_extra[read_storage] = True
@@ -227,7 +224,59 @@ class KeepAllRows:
             read_storage=local[read_storage],
             read_op=self.read_op[on],
             read_owner=self.storage_owner[read_storage],
-            ops=np.flatnonzero(np.unpackbits(ops_bits, count=len(self.ops))),
+            ops=ops,
+        )
+
+    def _closure(self, row: StepRow) -> tuple[Ints, Ints]:
+        """The reads (indices in :attr:`read_op`) and the ops of ``row``'s closure."""
+        if row.position not in self._closures:
+            self.prepare([row])
+        ops_bits, reads_bits = self._closures[row.position]
+        on = np.flatnonzero(np.unpackbits(reads_bits, count=len(self.read_op)))
+        return on, np.flatnonzero(np.unpackbits(ops_bits, count=len(self.ops)))
+
+    def walk_ordered(self, row: StepRow) -> RowArrays:
+        """:meth:`arrays` in the order of a depth-first walk from the owners of the kept
+        storages, smallest op id first (reads in the order the walk meets them, the storages
+        beside the kept ones in the order it first reads them, ops by id): the order in which
+        the LP was built before the closures were computed in blocks, so that the LP solver
+        meets the same program and returns the same solution (its shares round into
+        schedules, and the roundings were measured on those)."""
+        on, ops = self._closure(row)
+        read_global = self.read_storage[on]
+        op_reads: dict[int, list[tuple[int, int]]] = {}
+        for e, (o, t) in enumerate(zip(self.read_op[on].tolist(), read_global.tolist())):
+            op_reads.setdefault(o, []).append((t, e))
+        name = self.ops
+        kept = set(row.kept.tolist())
+        owners = self.storage_owner[row.kept].tolist()
+        stack = sorted(set(owners), key=lambda o: name[o], reverse=True)
+        seen: set[int] = set()
+        order: list[int] = []
+        extra: dict[int, None] = {}
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for t, e in op_reads.get(op, []):
+                order.append(e)
+                if t not in kept:
+                    extra[t] = None
+                stack.append(int(self.storage_owner[t]))
+        extra_ids = np.array(list(extra), dtype=np.int64)
+        local = np.zeros(len(self.storages), dtype=np.int64)
+        local[row.kept] = np.arange(len(row.kept))
+        local[extra_ids] = len(row.kept) + np.arange(len(extra_ids))
+        taken = np.array(order, dtype=np.int64)
+        return RowArrays(
+            sizes=np.concatenate([row.kept_bytes, self.owned_bytes[extra_ids]]).astype(float),
+            kept=len(row.kept),
+            kept_owner=self.storage_owner[row.kept],
+            read_storage=local[read_global[taken]],
+            read_op=self.read_op[on][taken],
+            read_owner=self.storage_owner[read_global[taken]],
+            ops=np.array(sorted(ops.tolist(), key=lambda o: name[o]), dtype=np.int64),
         )
 
     def prepare(self, rows: list[StepRow], deadline: Deadline = NO_DEADLINE) -> bool:

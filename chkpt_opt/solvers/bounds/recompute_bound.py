@@ -75,6 +75,16 @@ LP_TOLERANCE = 1e-7
 BYTE_SCALE = 2.0**20
 """The LP's rows count bytes in MiB, which keeps their coefficients near 1."""
 
+GLOP_MAX_OPS = 700
+"""Graphs of at most this many ops have their LP solved by GLOP, larger ones by HiGHS. Both
+find the same optimum (the bound; equal to 1e-12 on the corpus and the 4-, 8- and 32-layer
+Llama), but not the same optimal vertex where the optimum is degenerate, and the roundings
+of the LP's solution into schedules (:mod:`~chkpt_opt.solvers.staged.rounding` and the
+others reading ``recompute_share``) were measured on GLOP's: on the 6-layer Llama at its
+layers' peak HiGHS's rounds to 180.8 ms of recompute, GLOP's to 146.3 ms (bound 142.8).
+HiGHS re-solves the LPs of the 32-layer Llama (1,866 ops) 7-12 times faster (0.7 s against
+5.4 s for its two rounds), where GLOP would take most of ``auto``'s share for the bound."""
+
 
 @dataclass(frozen=True)
 class RecomputeBound:
@@ -229,16 +239,19 @@ def _solve_bound(
 
 
 class _CoverLp:
-    """The relaxation of the module docstring over the rows added so far, in HiGHS (its dual
-    simplex re-solves these LPs 7-12 times faster than GLOP; the optimum is the same)."""
+    """The relaxation of the module docstring over the rows added so far: in GLOP on graphs
+    of at most :data:`GLOP_MAX_OPS` ops, in HiGHS on larger ones (see there)."""
 
     def __init__(self, rows: KeepAllRows, budget_bytes: int) -> None:
         self.rows = rows
         self.budget_bytes = budget_bytes
-        self.solver = pywraplp.Solver.CreateSolver("HIGHS")
-        # HiGHS's banner and log go to stdout unless told (the call reports False even so).
-        self.solver.SetSolverSpecificParametersAsString("output_flag false")
-        self.solver.SetNumThreads(1)
+        if len(rows.ops) <= GLOP_MAX_OPS:
+            self.solver = pywraplp.Solver.CreateSolver("GLOP")
+        else:
+            self.solver = pywraplp.Solver.CreateSolver("HIGHS")
+            # HiGHS's banner and log go to stdout unless told (the call reports False even so).
+            self.solver.SetSolverSpecificParametersAsString("output_flag false")
+            self.solver.SetNumThreads(1)
         # r[o]: op o is recomputed at least once (cost: its forward time).
         self.r: dict[int, pywraplp.Variable] = {}
         self.added: set[int] = set()
@@ -259,7 +272,7 @@ class _CoverLp:
         self.added.add(row.position)
         self.n_rows += 1
         s, inf = self.solver, self.solver.infinity()
-        arrays = self.rows.arrays(row)
+        arrays = self.rows.walk_ordered(row)
         # a[x]: storage x (by its index in the row's sizes) is alive at this step.
         a = [s.NumVar(0.0, 1.0, "") for _ in range(len(arrays.sizes))]
         # d[o]: op o is recomputed after this step.

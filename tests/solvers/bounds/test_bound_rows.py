@@ -86,6 +86,12 @@ def test_block_closures_are_those_of_a_walk(
         owner = storage_owners(graph)
         assert [ops[o] for o in got.read_owner] == [owner[names[t]] for t in got.read_storage]
         assert [ops[o] for o in got.kept_owner] == [owner[s] for s in names[: got.kept]]
+        ordered = rows.walk_ordered(row)  # the same closure, in the order of a walk
+        assert [ops[o] for o in ordered.ops] == sorted(want_ops)
+        assert ordered.sizes[: got.kept].tolist() == got.sizes[: got.kept].tolist()
+        assert sorted(ordered.sizes.tolist()) == sorted(got.sizes.tolist())
+        pairs = [(ops[o], ops[w]) for o, w in zip(ordered.read_op, ordered.read_owner)]
+        assert sorted(pairs) == sorted((o, owner[t]) for o, t in want_reads)
 
 
 @pytest.mark.parametrize("seed", range(4))
