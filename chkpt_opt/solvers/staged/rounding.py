@@ -12,18 +12,23 @@ unpacks what it made, or the stage of another recomputation that reads it), once
 what it makes is kept to its last use.
 
 Rounding recomputes the ops whose share is at least a threshold (the distinct shares, from
-the highest; ops a staged schedule may not recompute are kept). Where nothing fits, the
-schedule with the lowest peak is split: a recomputed value the peak holds for a later step
-is recomputed once more at that step instead (with the recomputed ops it reads), one at a
-time while the peak falls (the 6-layer Llama halfway from its layers' peak to the floor:
-234.9 ms in 6 s, where ``auto`` had returned 1651 ms; bound 161.1 ms). Failing that, it
-is repaired: beside the ops of the schedule with the lowest peak, the shortest prefix that
-fits of the other ops, fewest forward seconds per byte first (bisection). Then the LP is
-solved again at a budget lowered by the lowest peak's excess and rounded likewise (at most
-:data:`MAX_ROUNDS` LPs, until a rounding fits as it is). From the cheapest schedule that
-fits, recomputed ops are dropped one at a time, costliest first, while the schedule still
-fits. The simulator judges every schedule; the cheapest that fits wins, else the lowest
-peak. A heuristic: it claims no bound.
+the highest; ops a staged schedule may not recompute are kept). Where nothing fits, the LP
+is solved again at a budget lowered by the lowest peak's excess and rounded likewise (at
+most :data:`MAX_ROUNDS` LPs, until a rounding fits as it is). From the cheapest schedule
+that fits, recomputed ops are dropped one at a time, costliest first, while the schedule
+still fits (the trim). Then the lowest-peak rounding of each LP that did not fit is
+repaired, in turn: split first, where a recomputed value the peak holds for a later step is
+recomputed once more at that step instead (with the recomputed ops it reads), one at a time
+while the peak falls (the 6-layer Llama halfway from its layers' peak to the floor: 234.9 ms
+in 6 s, where ``auto`` had returned 1651 ms; bound 161.1 ms); failing that, beside its ops,
+the shortest prefix that fits of the other ops, fewest forward seconds per byte first
+(bisection). Where a repair is the cheapest, it is trimmed in turn. The repairs once ran
+after each LP; run after the lowered LPs and the trim they reach a fit sooner where the
+repairs fail (the 32-layer Llama at its layers' peak: within 5% of the bound after 3.9 s
+and 1% after 5.6 s, was 9.0 and 10.9 s) and return the same schedules on the Llama of 2, 6
+and 8 layers, ViT and Mixtral (``benchmarks/results/bound_at_depth/``). The simulator
+judges every schedule; the cheapest that fits wins, else the lowest peak. A heuristic: it
+claims no bound.
 
 Measured (roofline costs, budget the peak of the model's own layer checkpointing, 2 shared
 cores): Hugging Face Llama of 2 layers (156 ops): 38.4 ms of recompute in about 1 s, where
@@ -246,6 +251,33 @@ def _split(
     return profile.peak_bytes <= budget_bytes
 
 
+Judged = tuple[tuple[Schedule, frozenset[str], frozenset[Again]], MemoryProfile]
+"""A judged schedule: the schedule, its recomputed ops and extra recomputations, its profile."""
+
+
+def _trim(
+    best: Judged | None,
+    budget_bytes: int,
+    fwd_time_s: dict[str, float],
+    judge: Judge,
+) -> int:
+    """How many recomputed ops of ``best`` (where it fits) could be kept instead, tried one
+    at a time, costliest first, while the schedule still fits and costs less; each schedule
+    tried is judged."""
+    if best is None or best[1].peak_bytes > budget_bytes:
+        return 0
+    (_, ops, again), profile = best
+    trimmed = 0
+    for op in sorted(ops, key=lambda o: (-fwd_time_s[o], o)):  # the costliest first
+        trial = judge(ops - {op}, again)
+        if trial is None:
+            break
+        fewer = trial[1]
+        if fewer.peak_bytes <= budget_bytes and fewer.recompute_s < profile.recompute_s:
+            ops, profile, trimmed = ops - {op}, fewer, trimmed + 1
+    return trimmed
+
+
 def staged_rounding(
     graph: CostGraph,
     budget_bytes: int,
@@ -264,7 +296,7 @@ def staged_rounding(
     """
     clock = Deadline.after(None)
     stager = _Stager(graph)
-    judged: list[tuple[tuple[Schedule, frozenset[str], frozenset[Again]], MemoryProfile]] = []
+    judged: list[Judged] = []
     fwd = {n: graph.nodes[n]["fwd_time_s"] for n in stager.order}
 
     def judge(
@@ -280,6 +312,7 @@ def staged_rounding(
     target = budget_bytes
     lp = relaxed if relaxed is not None else recompute_bound(graph, target, deadline=deadline)
     rounds = 0
+    to_repair: list[frozenset[str]] = []  # each round's lowest-peak rounding so far
     while rounds < MAX_ROUNDS and lp.bound_s is not None and not deadline.expired():
         rounds += 1
         share = lp.recompute_share
@@ -295,23 +328,19 @@ def staged_rounding(
             fits = fits or profile.peak_bytes <= budget_bytes
         if fits or lowest is None:
             break
-        lowest_ops = min(judged, key=lambda pair: pair[1].peak_bytes)[0][1]
-        # Each repair's schedules are judged; a lowered LP may still round to a cheaper one.
-        if not _split(stager, lowest_ops, budget_bytes, judge):
-            _repaired(stager, lowest_ops, budget_bytes, judge)
+        to_repair.append(min(judged, key=lambda pair: pair[1].peak_bytes)[0][1])
         target -= max(lowest - budget_bytes, budget_bytes // 200)
         lp = recompute_bound(graph, target, deadline=deadline)
+    # The cheapest fit so far first made cheaper; then the repairs of the roundings that did
+    # not fit (a repaired rounding of a higher LP may beat the lowered LPs' roundings).
+    trimmed = _trim(lowest_ranked(judged, budget_bytes), budget_bytes, fwd, judge)
+    trimmed_best = lowest_ranked(judged, budget_bytes)
+    for ops in dict.fromkeys(to_repair):
+        if not _split(stager, ops, budget_bytes, judge):
+            _repaired(stager, ops, budget_bytes, judge)
     best = lowest_ranked(judged, budget_bytes)
-    trimmed = 0
-    if best is not None and best[1].peak_bytes <= budget_bytes:
-        (_, ops, again), profile = best
-        for op in sorted(ops, key=lambda o: (-fwd[o], o)):  # the costliest first
-            trial = judge(ops - {op}, again)
-            if trial is None:
-                break
-            fewer = trial[1]
-            if fewer.peak_bytes <= budget_bytes and fewer.recompute_s < profile.recompute_s:
-                ops, profile, trimmed = ops - {op}, fewer, trimmed + 1
+    if best is not None and (trimmed_best is None or best[0][1:] != trimmed_best[0][1:]):
+        trimmed += _trim(best, budget_bytes, fwd, judge)  # a repair won: trimmed in turn
         best = lowest_ranked(judged, budget_bytes)
     if best is None:  # nothing judged in time: keep-all
         schedule, profile = Schedule(), simulate(graph, Schedule())
