@@ -36,9 +36,12 @@ def recomputed_storages(graph: CostGraph) -> dict[str, frozenset[str]]:
     """For every op, the storages a recomputation of it re-creates for later uses: those it
     returns and those it owns that some op saves."""
     owner = storage_owners(graph)
-    saved = {sid for _, a in graph.nodes(data=True) for sid in a["saved"]}
+    saved_owned: dict[str, set[str]] = {}  # op -> the storages it owns that some op saves
+    for _, a in graph.nodes(data=True):
+        for sid in a["saved"]:
+            saved_owned.setdefault(owner[sid], set()).add(sid)
     return {
-        n: frozenset(a["outputs"]) | frozenset(s for s in saved if owner[s] == n)
+        n: frozenset(a["outputs"]) | frozenset(saved_owned.get(n, ()))
         for n, a in graph.nodes(data=True)
     }
 
