@@ -53,6 +53,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+PLANNING_LIMIT_S = 60.0
+"""``optimize``'s default ``time_limit_s``: what planning a new call signature may take, all
+stages together (capture, op timing, solve, timed choice). A 32-layer Llama of width 256
+took 429 s at its first step with only the solve limited (60 s; 268 s of timed choice):
+``benchmarks/results/plan_cost.md``."""
+
 _ATTRIBUTE = "_chkpt_opt_attachment"
 _LAYERWISE = "_chkpt_opt_layerwise"
 
@@ -65,7 +71,7 @@ def optimize(
     example_kwargs: dict[str, Any] | None = None,
     solver: str = "auto",
     optimizer: OptimizerArg = "adamw",
-    time_limit_s: float | None = None,
+    time_limit_s: float | None = PLANNING_LIMIT_S,
     tracer: str = "auto",
     profile_times: bool | None = None,
     plan_dir: str | Path | None = None,
@@ -90,10 +96,14 @@ def optimize(
             None (the default): measured wherever the model's tensors are real, the CPU
             included, so plans are fast where they run (the schedule may then differ from
             run to run by the timing noise); False: the roofline estimate, deterministic.
-        time_limit_s: time limit of each solve (the first batch, and any larger or new
-            signature), tracing included. Where the model's own layer checkpointing fits
-            the budget too, the solved plan is then timed against it on that batch and
-            the faster kept (``Plan.timed``: six steps of each, beyond this limit).
+        time_limit_s: what planning each new call signature (the first batch, and any
+            larger or new one) may take, every stage from one deadline: the capture, op
+            timing, the solve (which returns earlier where its result is proven within
+            ``auto``'s gap) and, where the model's own layer checkpointing fits the budget
+            too, the timed choice between it and the plan on that batch (at most a quarter
+            of the limit; skipped where three rounds do not fit). Default
+            :data:`PLANNING_LIMIT_S` (60 s); None: no limit on the whole (the solver's own
+            60 s, the timed choice's six rounds, an unbounded capture).
         plan_dir: a folder where plans are kept across restarts (keyed by the graph's
             fingerprint, the settings and the versions), so a resumed job does not solve
             again.
