@@ -20,6 +20,12 @@ from typing import Any
 
 from chkpt_opt.errors import BudgetError
 
+FEASIBILITY_GAP = 0.99
+"""``auto``'s gap in the search with a plan: a batch asks whether any schedule fits, not
+the cheapest, so ``auto`` returns the first fitting schedule its roundings of the recompute
+bound's LP find (and at once where that bound proves nothing fits) rather than searching
+on for a proof of cost."""
+
 
 @dataclass(frozen=True)
 class MaxBatch:
@@ -81,7 +87,8 @@ def max_batch_size(
     Args:
         build: ``build(batch) -> (model, args, kwargs)``.
         budget: whole-step budget.
-        solver: solver for the "with plan" search.
+        solver: solver for the "with plan" search (``auto`` asked for any schedule that
+            fits: :data:`FEASIBILITY_GAP`).
         optimizer: optimizer whose state counts in the budget.
         max_batch: upper end of the search.
         time_limit_s: time limit of each solve (None: the solver's default).
@@ -118,7 +125,12 @@ def max_batch_size(
             else:
                 graph = graph_of(batch)
                 result = chkpt_opt.solve(
-                    graph, budget, solver=solver, optimizer=optimizer, time_limit_s=time_limit_s
+                    graph,
+                    budget,
+                    solver=solver,
+                    optimizer=optimizer,
+                    time_limit_s=time_limit_s,
+                    **({"gap": FEASIBILITY_GAP} if solver == "auto" else {}),
                 )
                 plan_fits[batch] = result.feasible
                 solved.append(batch)
