@@ -117,7 +117,7 @@ def child_hf(layers: int) -> dict[str, Any]:
     }
 
 
-def child_ours(layers: int, limit_s: float | None, budget: int, held: bool) -> dict[str, Any]:
+def child_ours(layers: int, limit: str, budget: int, held: bool) -> dict[str, Any]:
     """The planned loop (see the module docstring)."""
     import torch
     from finetune import LR
@@ -130,7 +130,11 @@ def child_ours(layers: int, limit_s: float | None, budget: int, held: bool) -> d
     base_mib = _rss_mib()
     threads_before = set(threading.enumerate())
     held_or_seen = None if held else False  # None: as the first backward pass shows
-    chkpt_opt.optimize(model, budget=budget, time_limit_s=limit_s, outputs_held=held_or_seen)
+    # 'default': optimize's own default (the whole planning); 'none': no limit at all
+    limits = (
+        {} if limit == "default" else {"time_limit_s": None if limit == "none" else float(limit)}
+    )
+    chkpt_opt.optimize(model, budget=budget, outputs_held=held_or_seen, **limits)
     attachment = chkpt_opt.attachment_of(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     first_s = _step(model, optimizer, batch)
@@ -256,7 +260,8 @@ def main() -> None:
         "--limits",
         nargs="+",
         default=["default", "10"],
-        help="time_limit_s values; 'default' leaves it unset",
+        help="time_limit_s values; 'default' leaves it unset (optimize's default, 60 s for "
+        "the whole planning), 'none' passes None (no limit)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per process")
@@ -273,7 +278,7 @@ def main() -> None:
         if kind == "hf":
             result = child_hf(layers)
         else:
-            limit = None if options.child[2] == "default" else float(options.child[2])
+            limit = options.child[2]
             result = child_ours(layers, limit, int(options.child[3]), options.child[4] == "held")
         result["last_line_at"] = time.time()
         print(MARK + json.dumps(result), flush=True)
