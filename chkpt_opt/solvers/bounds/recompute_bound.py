@@ -45,11 +45,12 @@ within 1-4% at 90% of the keep-all peak on transformers, 0.58-0.86 at 50-30%, an
 uninformative where in-place ops decide what can be dropped (MobileNet at 90%: 0.002).
 
 The rows and their closures (:mod:`~chkpt_opt.solvers.bounds.bound_rows`) do not depend on
-the budget and are remembered per graph; the LP is solved by HiGHS. Measured
-(``benchmarks/results/bound_at_depth/``, one core): the 32-layer Hugging Face Llama (1,866
-ops) at its layers' peak in 1.4 s (was 9.9 s: closures walked per step, GLOP), the 586-op
-GPT in 0.15-0.2 s (was 0.3-0.7 s); the same bounds to 1e-12 on the corpus and the 4- and
-8-layer Llama.
+the budget and are remembered per graph; the LP is solved by GLOP, or by HiGHS on graphs of
+more than :data:`GLOP_MAX_OPS` ops. Measured (``benchmarks/results/bound_at_depth/``, one
+core, 2 shared): the 32-layer Hugging Face Llama (1,866 ops) at its layers' peak in 1.4 s
+(was 10.0 s: a Python walk per step for the closures, GLOP), the 586-op GPT in 0.23-0.35 s
+(was 0.32-0.60 s); the same bounds to 5e-15 on 87 corpus cases and the 4-, 8- and 32-layer
+Llama.
 """
 
 from __future__ import annotations
