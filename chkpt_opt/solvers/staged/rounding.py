@@ -24,9 +24,10 @@ in 6 s, where ``auto`` had returned 1651 ms; bound 161.1 ms); failing that, besi
 the shortest prefix that fits of the other ops, fewest forward seconds per byte first
 (bisection). Where a repair is the cheapest, it is trimmed in turn. The repairs once ran
 after each LP; run after the lowered LPs and the trim they reach a fit sooner where the
-repairs fail (the 32-layer Llama at its layers' peak: within 5% of the bound after 3.9 s
-and 1% after 5.6 s, was 9.0 and 10.9 s) and return the same schedules on the Llama of 2, 6
-and 8 layers, ViT and Mixtral (``benchmarks/results/bound_at_depth/``). The simulator
+repairs fail (the 32-layer Llama at its layers' peak, the bound given: within 5% of it
+after 3.9-4.3 s and 1% after 5.6-6.9 s, against 9.0 and 10.9 s with the repairs after each
+LP) and return the same schedules on the Llama of 2, 6 and 8 layers, ViT, Mixtral, GPT-2,
+BERT and T5 (``benchmarks/results/bound_at_depth/``). The simulator
 judges every schedule; the cheapest that fits wins, else the lowest peak. A heuristic: it
 claims no bound.
 
