@@ -16,6 +16,7 @@ from chkpt_opt import api
 from chkpt_opt.api import MIN_SOLVE_S, Plan
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.deadline import Deadline
 from tests.attachment.tiny_models import tiny_llama
@@ -123,7 +124,30 @@ def test_a_solve_cut_short_by_the_stages_before_it_falls_back_to_the_lowest_peak
     is no proof that nothing fits: the lowest-peak schedule is taken where it fits."""
     keep_all = get_solver("keep_all")  # what a solve left no time may return: no fit
     monkeypatch.setattr(api, "get_solver", lambda name, **settings: keep_all)
-    made = api.plan_traced(keep_all_plan.traced, budget=budget_bytes, deadline=Deadline.after(0.0))
+    monkeypatch.setattr(api, "fitting_layouts", lambda graph, budget_bytes: {})  # none fits
+    made = api.plan_traced(
+        keep_all_plan.traced, budget=budget_bytes, timed_choice=False, deadline=Deadline.after(0.0)
+    )
     assert made.result.feasible and made.result.stats["chosen"] == "smallest_peak"
     assert made.result.stats["solve_cut_short"] == "infeasible"
     assert made.static.step_peak_bytes(made.profile.peak_bytes) <= budget_bytes
+
+
+def test_a_solve_that_finds_nothing_in_its_time_takes_the_models_own_layers_where_they_fit(
+    keep_all_plan: Plan, budget_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan is never worse than the line the model already has: where the solve found
+    nothing and a region per layer fits, that layout is the plan (at once, no search)."""
+    keep_all = get_solver("keep_all")
+    monkeypatch.setattr(api, "get_solver", lambda name, **settings: keep_all)
+    layers = own_layouts(keep_all_plan.graph)["layers"]
+    assert (
+        keep_all_plan.static.step_peak_bytes(simulate(keep_all_plan.graph, layers).peak_bytes)
+        <= budget_bytes
+    )
+    for deadline in (Deadline.after(0.0), Deadline.after(None)):
+        made = api.plan_traced(
+            keep_all_plan.traced, budget=budget_bytes, timed_choice=False, deadline=deadline
+        )
+        assert made.result.feasible and made.result.stats["chosen"] == "own layout: layers"
+        assert made.schedule == layers and made.result.stats["solve_cut_short"] == "infeasible"

@@ -38,12 +38,14 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement import measure_traced, trace_and_measure
 from chkpt_opt.measurement.timed_choice import (
+    fitting_layouts,
     op_timing_fits,
     prepare_choice,
     rounds_left,
     wanted,
     with_timed_choice,
 )
+from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.schedule_io import load_schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
@@ -263,6 +265,8 @@ def plan_traced(
     )
     with stage("solve", deadline, seconds):
         result = get_solver(solver)(graph, act, time_limit_s=left_s(reserved_s))
+        if not result.feasible and not result.proves_infeasible:
+            result = _own_layout_if_it_fits(graph, act, result, layouts)
         if not result.feasible and not result.proves_infeasible and deadline.expired():
             result = _lowest_if_it_fits(graph, act, result, left_s())
     if not result.feasible:
@@ -282,6 +286,34 @@ def plan_traced(
         profile=simulate(graph, result.schedule),
         traced=traced,
         sharding=sharding,
+    )
+
+
+def _own_layout_if_it_fits(
+    graph: CostGraph, budget_bytes: int, result: SolveResult, layouts: dict[str, Schedule]
+) -> SolveResult:
+    """``result`` (nothing that fits, nothing proven), or the cheapest of the model's own
+    layouts that fits ``budget_bytes`` (``layouts``: those the timed choice found fitting;
+    else looked up here): a solve cut short by its limit is never worse than the line the
+    model already has (a 32-layer Llama given 10 s, 15 s of them capture under load, found
+    nothing that fit where a region per layer does)."""
+    fitting = layouts or fitting_layouts(graph, budget_bytes)
+    if not fitting:
+        return result
+    profiles = {name: simulate(graph, layout) for name, layout in fitting.items()}
+    name = min(profiles, key=lambda n: (profiles[n].recompute_s, n))
+    log.info("planning: the solve found nothing that fits in its time; the model's own %s do", name)
+    return result_from_profile(
+        fitting[name],
+        profiles[name],
+        budget_bytes=budget_bytes,
+        solver=result.solver,
+        solve_s=result.solve_s,
+        stats={
+            **result.stats,
+            "chosen": f"own layout: {name}",
+            "solve_cut_short": result.status.value,
+        },
     )
 
 
