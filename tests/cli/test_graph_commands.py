@@ -111,13 +111,15 @@ def test_untraceable_or_missing_model_exits_4(
 def test_solve_with_world_size_splits_the_budget_per_rank(
     capsys: pytest.CaptureFixture[str], graph_file: Path
 ) -> None:
-    code, out, _ = run(capsys, "solve", str(graph_file), "--budget", "1MB", "--json")
+    # what is checked is the split, not the schedule: short solves (39 s at auto's default)
+    limit = ("--time-limit", "5")
+    code, out, _ = run(capsys, "solve", str(graph_file), "--budget", "1MB", *limit, "--json")
     whole = json.loads(out)
     argv = ["solve", str(graph_file), "--budget", "1MB", "--world-size", "8", "--sharding"]
-    code, out, _ = run(capsys, *argv, "fsdp2", "--json")
+    code, out, _ = run(capsys, *argv, "fsdp2", *limit, "--json")
     rank = json.loads(out)
     assert code == EXIT_OK and rank["resident_bytes"] < whole["resident_bytes"]
-    code, out, _ = run(capsys, *argv[:3], "5MB", *argv[4:], "ddp")
+    code, out, _ = run(capsys, *argv[:3], "5MB", *argv[4:], "ddp", *limit)
     assert "per rank of 8, ddp" in out and "gradient buckets" in out
     code, _, err = run(capsys, "solve", str(graph_file), "--budget", "1MB", "--sharding", "ddp")
     assert code == EXIT_INPUT and "--world-size" in err
