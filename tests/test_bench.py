@@ -17,7 +17,7 @@ import pytest
 import chkpt_opt
 import chkpt_opt.solvers
 from chkpt_opt import zoo
-from chkpt_opt.bench.max_batch import largest, max_batch_size
+from chkpt_opt.bench.max_batch import MaxBatch, largest, max_batch_size
 from chkpt_opt.bench.sweep import (
     COLUMNS,
     SweepFileError,
@@ -341,3 +341,12 @@ def test_max_batch_asks_auto_for_any_schedule_that_fits(
     monkeypatch.setattr(chkpt_opt, "solve", recorded)
     result = max_batch_size(_mlp, "1MB", solver=solver, optimizer=None, max_batch=8)
     assert result.solved and asked == [settings] * len(result.solved)
+
+
+def test_the_next_batch_is_the_smallest_asked_above_the_answer() -> None:
+    probes = ((1, True, True), (2, False, True), (4, False, False), (3, False, False))
+    result = MaxBatch(100, 2, 1, "auto", probes, solved=(2, 3, 4), proven_infeasible=(4,))
+    assert result.next_batch == (3, False)
+    proven = MaxBatch(100, 2, 1, "auto", probes, solved=(2, 3, 4), proven_infeasible=(3, 4))
+    assert proven.next_batch == (3, True)
+    assert MaxBatch(100, 4, 1, "auto", probes).next_batch is None

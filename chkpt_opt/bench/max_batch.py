@@ -41,6 +41,8 @@ class MaxBatch:
             ``plan_fits`` is True where keep-all fits, the solver's answer where it ran
             (``solved``), and else what monotonicity gives (a batch at most ``with_plan``).
         solved: the batches the solver ran on.
+        proven_infeasible: of those it found no schedule for, the batches where it proved
+            that none fits (the others may fit a schedule it did not find in its time).
     """
 
     budget_bytes: int
@@ -49,6 +51,17 @@ class MaxBatch:
     solver: str
     probes: tuple[tuple[int, bool, bool], ...]
     solved: tuple[int, ...] = ()
+    proven_infeasible: tuple[int, ...] = ()
+
+    @property
+    def next_batch(self) -> tuple[int, bool] | None:
+        """The smallest batch above ``with_plan`` the search asked about, and whether no
+        schedule is proven to fit it (False: none was found in the time limit); None where
+        no larger batch was asked."""
+        larger = [b for b, _, _ in self.probes if b > self.with_plan]
+        if not larger:
+            return None
+        return min(larger), min(larger) in self.proven_infeasible
 
     @property
     def gain(self) -> float | None:
@@ -134,10 +147,13 @@ def max_batch_size(
                 )
                 plan_fits[batch] = result.feasible
                 solved.append(batch)
+                if result.proves_infeasible:
+                    proven.append(batch)
                 graphs.pop(batch, None)  # settled: its graph is not needed again
         return plan_fits[batch]
 
     solved: list[int] = []
+    proven: list[int] = []
     without = largest(keeps, max_batch)
     with_plan = largest(plans, max_batch, start=without)
     parsed = chkpt_opt.parse_budget(budget)
@@ -151,4 +167,5 @@ def max_batch_size(
             for b in sorted(keep_fits)
         ),
         solved=tuple(solved),
+        proven_infeasible=tuple(sorted(proven)),
     )

@@ -208,15 +208,25 @@ def cmd_max_batch(args: argparse.Namespace) -> int:
         "gain": result.gain,
         "solver": result.solver,
         "probes": result.probes,
+        "proven_infeasible": result.proven_infeasible,
     }
     gain = f" ({result.gain:.2f}x)" if result.gain else ""
+    above = result.next_batch
+    beyond = ""
+    if above is not None:
+        limit = "the solver's default" if args.time_limit is None else f"{args.time_limit:g} s"
+        beyond = (
+            f"; batch {above[0]}: no schedule fits (proven)"
+            if above[1]
+            else f"; batch {above[0]}: no schedule found in {limit} (not proven that none fits)"
+        )
     emit(
         args,
         data,
         [
             f"budget {format_bytes(result.budget_bytes)}: largest batch without checkpointing "
             f"{result.without_checkpointing}, "
-            f"with the {result.solver} plan {result.with_plan}{gain}",
+            f"with the {result.solver} plan {result.with_plan}{gain}{beyond}",
         ],
     )
     return EXIT_OK if result.with_plan else EXIT_INFEASIBLE

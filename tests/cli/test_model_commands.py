@@ -112,3 +112,14 @@ def test_max_batch_takes_a_budget_in_bytes(capsys: pytest.CaptureFixture[str]) -
     argv = ("max-batch", SPEC, "--budget", "2000000", "--optimizer", "none", "--solver")
     code, out, _ = run(capsys, *argv, "greedy", "--max-batch", "64", "--json")
     assert code == EXIT_OK and json.loads(out)["budget_bytes"] == 2_000_000
+
+
+def test_max_batch_says_whether_the_next_batch_is_proven_not_to_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ("max-batch", SPEC, "--budget", "400000", "--optimizer", "none", "--solver")
+    code, out, _ = run(capsys, *argv, "greedy", "--max-batch", "64", "--time-limit", "5")
+    batch = int(out.split("plan ")[1].split()[0])  # 1 (keep-all), 2 does not fit
+    # greedy proves nothing: the batch above is one it found no schedule for
+    assert code == EXIT_OK and f"batch {batch + 1}: no schedule found in 5 s" in out, out
+    assert "not proven that none fits" in out
