@@ -33,11 +33,15 @@ log = logging.getLogger(__name__)
 Capture = tuple[Captured, tuple[Any, ...], dict[str, Any]]
 """A capture and the inputs as captured (:func:`~chkpt_opt.graphs.tracer.capture_model`)."""
 
-SYMBOLIC_TIME_FACTOR = 6.0
-"""A capture with symbolic sizes is tried where the time limit leaves at least this many
-times what the capture at fixed shapes took: half the time left, for about three times the
-fixed capture's (a 32-layer Llama of width 256: 5.5 s fixed, 14 s symbolic, then the cost
-graph)."""
+SYMBOLIC_TIME_FACTOR = 3.0
+"""What a capture with symbolic sizes takes against the capture at fixed shapes, about (a
+32-layer Llama of width 256: 14 s against 5.5 s)."""
+
+SYMBOLIC_OVERRUN_S = 2.0
+"""The symbolic capture is skipped where its estimate (:data:`SYMBOLIC_TIME_FACTOR` times the
+fixed capture's time) exceeds the time left of the limit by more than this: it would end
+past the limit (a 32-layer Llama given 10 s: 13.5 s estimated, 5.5 s left), while a small
+model's (a second or two) pays for itself at the next shape it serves."""
 
 
 @dataclass
@@ -89,7 +93,7 @@ class CallCapture:
     ) -> Traced:
         """The call captured with symbolic sizes (one graph for every smaller batch and
         shorter length) where torch.export allows, the deadline leaves the time
-        (:data:`SYMBOLIC_TIME_FACTOR`), and that graph computes what the capture at this
+        (:data:`SYMBOLIC_OVERRUN_S`), and that graph computes what the capture at this
         call's own shapes computes (the model's eager program); else at its own shapes.
         One cost graph is built, the kept capture's, and measured."""
         name = type(self.model).__name__
@@ -112,13 +116,14 @@ class CallCapture:
     ) -> Capture | None:
         """The symbolic capture, where it is kept (see :meth:`measured`)."""
         left_s = deadline.remaining_s()
-        if left_s is not None and left_s < SYMBOLIC_TIME_FACTOR * fixed_s:
+        estimate_s = SYMBOLIC_TIME_FACTOR * fixed_s
+        if left_s is not None and estimate_s > left_s + SYMBOLIC_OVERRUN_S:
             log.info(
                 "chkpt_opt: no capture with symbolic sizes: %.1f s left of the time limit, "
                 "and it takes about %.0f times the %.1f s of the capture at fixed shapes; "
                 "each shape of %s is captured alone",
                 left_s,
-                SYMBOLIC_TIME_FACTOR / 2,
+                SYMBOLIC_TIME_FACTOR,
                 fixed_s,
                 key.describe(),
             )
