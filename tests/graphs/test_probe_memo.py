@@ -49,8 +49,10 @@ def test_the_key_tells_apart_what_the_probe_reads() -> None:
     a, b = torch.empty(4, 8), torch.empty(8, 2)
     plain = [LeafInfo(True), LeafInfo(True, param="w0")]
 
-    def key(*args: object, infos: list[LeafInfo] = plain, first: set[str] = set()) -> object:
-        return probe_key(op, args, {}, infos, True, (True,), first)
+    def key(
+        *args: object, infos: list[LeafInfo] = plain, first: frozenset[str] = frozenset()
+    ) -> object:
+        return probe_key(op, args, {}, infos, True, (True,), set(first))
 
     base = key(a, b)
     assert base is not None and key(torch.empty(4, 8), torch.empty(8, 2)) == base
@@ -59,7 +61,7 @@ def test_the_key_tells_apart_what_the_probe_reads() -> None:
     assert key(a.to(torch.bfloat16), b) != base  # dtype
     assert key(a, b, infos=[LeafInfo(True), LeafInfo(True, param="w1")]) == base
     assert key(a, b, infos=[LeafInfo(False), LeafInfo(True, param="w0")]) != base
-    assert key(a, b, first={"w0"}) != base  # the gradient created here first
+    assert key(a, b, first=frozenset({"w0"})) != base  # the gradient created here first
     assert probe_key(op, (a, b), {}, plain, False, (True,), set()) != base  # grad mode
     assert probe_key(lambda x, y: x @ y, (a, b), {}, plain, True, (True,), set()) is None
     assert probe_key(op, (a, object()), {}, plain[:1], True, (True,), set()) is None
