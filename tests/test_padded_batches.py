@@ -200,6 +200,6 @@ def test_plan_captures_a_llama_as_it_ships_as_optimize_does() -> None:
     )
     assert made.graph.graph["cost_model"] == "measured-cpu"  # as optimize() plans on the CPU
     assert "timed_choice" in made.result.stats
-    planned = _dropping_peak(made.apply(), {**batch, "use_cache": False})  # the call captured
+    planned = _dropping_peak(made.apply(), batch)  # the model's call: use_cache filled in
     assert planned <= hf_peak
     assert abs(made.profile.peak_bytes / planned - 1) <= 0.03

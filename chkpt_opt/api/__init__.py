@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from chkpt_opt.api.solved_plan import Plan
-from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
+from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs, with_call_defaults
 from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
@@ -361,9 +361,10 @@ def apply(
     kwargs = training_kwargs(model, example_kwargs)
     traced = trace_model(model, example_inputs, kwargs, method=tracer)
     loaded.check_against(traced.graph)
-    return rewrite_module(
+    rewritten = rewrite_module(
         traced.captured.fresh_module(), traced.graph, loaded.schedule, for_compile=for_compile
     )
+    return with_call_defaults(rewritten, traced.kwargs)  # calls that leave use_cache out
 
 
 def trace(

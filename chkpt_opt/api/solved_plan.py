@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from chkpt_opt.attachment.call_inputs import with_call_defaults
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced
@@ -77,7 +78,8 @@ class Plan:
         """
         plan = self.for_compile() if for_compile else self
         module = plan.traced.captured.fresh_module()
-        return rewrite_module(module, plan.graph, plan.schedule, for_compile=for_compile)
+        rewritten = rewrite_module(module, plan.graph, plan.schedule, for_compile=for_compile)
+        return with_call_defaults(rewritten, plan.traced.kwargs)  # use_cache left out
 
     def timed(self, *, rounds: int = TIMED_ROUNDS) -> Plan:
         """This plan timed against the model's own checkpointing layouts that fit its

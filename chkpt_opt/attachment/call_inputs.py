@@ -9,6 +9,9 @@ share: what a training call's inputs are, and whether a plan measures op times.
   forward hides it behind ``**kwargs`` (``peft``'s ``PeftModel``, a ``LoraModel``): their
   base model's forward (``get_base_model()``, ``base_model``, ``model``), else a config that
   has a ``use_cache`` setting.
+  The module a plan applies (``Plan.apply``, ``chkpt_opt.apply``) takes the call as the
+  model does: the keyword values of the capture that are not tensors (``use_cache=False``)
+  fill in where a call leaves them out (:func:`with_call_defaults`).
 * **Positional inputs**: one tensor, a tuple or list of them, or None (:func:`positional`).
 * **Op times** (:func:`measures_times`): measured wherever the model's tensors are real, the
   CPU included (the roofline estimate misjudges small ops: the default plan of a 4-layer
@@ -72,6 +75,30 @@ def takes_use_cache(model: torch.nn.Module, forward: Callable[..., Any] | None =
             return isinstance(getattr(config, "use_cache", None), bool)
         model, forward = base, None
     return False
+
+
+def with_call_defaults(module: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """``module`` (a rewritten capture whose keyword inputs were ``kwargs``), filling in the
+    values of ``kwargs`` that are not tensors where a call leaves them out: a model's batch
+    without ``use_cache`` runs the capture made with ``use_cache=False``. A forward pre-hook
+    run before the capture's own input check; a call that passes another value still fails
+    that check."""
+    defaults = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+    if defaults:
+        module.register_forward_pre_hook(CallDefaults(defaults), with_kwargs=True, prepend=True)
+    return module
+
+
+class CallDefaults:
+    """The forward pre-hook of :func:`with_call_defaults`."""
+
+    def __init__(self, defaults: dict[str, Any]) -> None:
+        self.defaults = defaults
+
+    def __call__(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return args, {**self.defaults, **kwargs}
 
 
 def measures_times(profile_times: bool | None, graph: CostGraph) -> bool:
