@@ -30,7 +30,7 @@ solve still running a second past the deadline is told to stop and returns what 
 (:func:`run_cp`; no thread is left running). CP-SAT's loading of a model checks no limit
 either and costs about what its build did (20 million terms: build 2.5 s, a solve given the
 0.5 s left returned after 2.6 s), so a solve left less time than the build took is not
-started (:func:`solve_cp` returns unknown, ``cp_skipped``).
+started (:func:`build_in_time`).
 """
 
 from __future__ import annotations
@@ -144,6 +144,35 @@ def build_cp_model(
     elif program.fixed_bytes // program.byte_unit > capacity:
         m.add_bool_or([])  # the schedule-independent bytes alone exceed the budget
     return m, ProgramVariables(z, x, y)
+
+
+def build_in_time(
+    program: IntervalProgram,
+    capacity: int | cp_model.IntVar,
+    *,
+    formulation: str = DEFAULT_FORMULATION,
+    model: cp_model.CpModel | None = None,
+    deadline: Deadline = NO_DEADLINE,
+) -> tuple[cp_model.CpModel, CpVariables]:
+    """:func:`build_cp_model` for a solve within ``deadline``.
+
+    Raises:
+        DeadlineExceeded: the build ran past ``deadline``, or left less time than it took:
+            CP-SAT's loading of the model checks no limit and costs about the build (see
+            the module docstring), so the solve would end past the deadline.
+    """
+    start_s = time.perf_counter()
+    built = build_cp_model(
+        program, capacity, formulation=formulation, model=model, deadline=deadline
+    )
+    build_s = time.perf_counter() - start_s
+    left_s = deadline.remaining_s()
+    if left_s is not None and left_s < build_s:
+        raise DeadlineExceeded(
+            f"the CP-SAT model took {build_s:.1f} s to build and {left_s:.1f} s are left: "
+            "loading it would run past the deadline"
+        )
+    return built
 
 
 def _add_linear(
@@ -294,7 +323,7 @@ def solve_lowest_peak(
     top = max(upper_bytes, program.fixed_bytes) // unit + 1
     peak = m.new_int_var(program.fixed_bytes // unit, top, "peak")
     try:
-        m, v = build_cp_model(program, peak, formulation=formulation, model=m, deadline=deadline)
+        m, v = build_in_time(program, peak, formulation=formulation, model=m, deadline=deadline)
     except DeadlineExceeded as err:
         log.info("lowest peak: %s", err)
         return None
@@ -315,7 +344,7 @@ def solve_lowest_peak(
 
     # Second solve: the cheapest solution at that peak.
     try:
-        m2, v2 = build_cp_model(program, best_units, formulation=formulation, deadline=deadline)
+        m2, v2 = build_in_time(program, best_units, formulation=formulation, deadline=deadline)
     except DeadlineExceeded as err:
         log.info("lowest peak: %s", err)
         return LowestPeak(chosen, lower, proven)
@@ -362,18 +391,11 @@ def solve_cp(
     if program.fixed_bytes // program.byte_unit > budget_units:
         stats.update(cp_status="INFEASIBLE", infeasible_by="schedule-independent bytes")
         return Outcome(None, False, True, None, stats)
-    build_start_s = time.perf_counter()
     try:
-        m, v = build_cp_model(program, budget_units, formulation=formulation, deadline=deadline)
+        m, v = build_in_time(program, budget_units, formulation=formulation, deadline=deadline)
     except DeadlineExceeded as err:
         log.info("cp-sat: %s", err)
         stats.update(cp_status="UNKNOWN", cp_build_timed_out=True)
-        return Outcome(None, False, False, None, stats)
-    build_s = time.perf_counter() - build_start_s
-    left_s = deadline.remaining_s()
-    if left_s is not None and left_s < build_s:
-        log.info("cp-sat: %.1f s left, less than the build's %.1f s", left_s, build_s)
-        stats.update(cp_status="UNKNOWN", cp_skipped="less time left than the build took")
         return Outcome(None, False, False, None, stats)
     m.minimize(sum(c * x for c, x in zip(program.cost_units, v.x)))
     if hint_ids is not None:
