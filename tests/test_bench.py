@@ -350,3 +350,12 @@ def test_the_next_batch_is_the_smallest_asked_above_the_answer() -> None:
     proven = MaxBatch(100, 2, 1, "auto", probes, solved=(2, 3, 4), proven_infeasible=(3, 4))
     assert proven.next_batch == (3, True)
     assert MaxBatch(100, 4, 1, "auto", probes).next_batch is None
+
+
+def test_a_batch_whose_resident_memory_is_over_the_budget_is_proven_not_to_fit() -> None:
+    def wider(batch: int) -> tuple:  # parameters growing with the batch: 69 kB at 1
+        return zoo.mlp(width=64 * batch, depth=4, batch=8)
+
+    result = max_batch_size(wider, "200kB", solver="greedy", optimizer=None, max_batch=8)
+    assert result.with_plan == 1 and not result.solved  # batch 2: never solved
+    assert result.next_batch == (2, True)

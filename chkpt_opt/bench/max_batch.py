@@ -41,8 +41,9 @@ class MaxBatch:
             ``plan_fits`` is True where keep-all fits, the solver's answer where it ran
             (``solved``), and else what monotonicity gives (a batch at most ``with_plan``).
         solved: the batches the solver ran on.
-        proven_infeasible: of those it found no schedule for, the batches where it proved
-            that none fits (the others may fit a schedule it did not find in its time).
+        proven_infeasible: the batches proven to fit no schedule: by the solver, or by the
+            resident memory alone above the budget (the other batches that fit no plan may
+            fit a schedule the solver did not find in its time).
     """
 
     budget_bytes: int
@@ -125,6 +126,7 @@ def max_batch_size(
                 parsed, static, _ = chkpt_opt.activation_budget(graph, budget, optimizer=optimizer)
             except BudgetError:  # the resident memory alone exceeds the budget
                 keep_fits[batch] = plan_fits[batch] = False
+                proven.append(batch)
                 return False
             keep_all = chkpt_opt.simulate(graph, chkpt_opt.Schedule()).peak_bytes
             keep_fits[batch] = static.step_peak_bytes(keep_all) <= parsed.total_bytes
