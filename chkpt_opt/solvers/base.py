@@ -115,6 +115,14 @@ def meets_bound(objective_s: float, bound_s: float | None) -> bool:
     return bound_s is not None and objective_s <= bound_s + 1e-12
 
 
+def closes_gap(objective_s: float, bound_s: float | None, gap: float) -> bool:
+    """Whether a cost is within the relative ``gap`` of a proven lower bound on it
+    (``objective - bound <= gap * objective``; a cost that meets the bound always is)."""
+    if bound_s is None:
+        return False
+    return meets_bound(objective_s, bound_s) or objective_s - bound_s <= gap * objective_s
+
+
 T = TypeVar("T")
 
 

@@ -40,11 +40,13 @@ BOUND_SHARE = 0.15
 """The share of the time limit the recompute bound may take (measured 0.2-1.1 s on graphs
 of 202-384 ops, 1.3-2.6 s on 586, on 2 shared cores)."""
 ROUNDING_SHARE = 0.1
-"""The share of the time limit the cached-op rounding may take after the bound (it stops
-judging schedules there; measured 0.3-3 s on Hugging Face graphs of 153-636 ops)."""
+"""The share of the time limit the cached-op rounding may take after the bound and the
+staged rounding (it stops judging schedules there; measured 0.3-3 s on Hugging Face graphs
+of 153-636 ops)."""
 STAGED_ROUNDING_SHARE = 0.35
 """The share of the time limit the staged rounding (:mod:`chkpt_opt.solvers.staged.rounding`)
-may take after the cached-op rounding (measured 0.5-3.2 s on the Hugging Face Llama, ViT and
+may take after the bound (it runs before the cached-op rounding, and stops at a schedule
+within ``gap`` of the bound; measured 0.5-3.2 s on the Hugging Face Llama, ViT and
 Mixtral of 153-636 ops at their layer checkpointing's peak, where it came within 1.3-2.3% of
 the recompute bound, and 0.1 s where nothing fits (GPT-2, BERT, T5: dropout); the 32-layer
 Llama (1,866 ops) needs 4-6 s after the bound to come within 5-1% of it: at a 20 s limit
@@ -128,27 +130,36 @@ class AutoSolver:
             return proven_infeasible(graph, budget_bytes, cover, deadline, self.name)
         if not self.general:
             return keep_set_result(self, graph, budget_bytes, deadline, cover)
-        # The cached-op rounding reads only the bound's LP, so it runs before the keep-set
-        # stages, which would leave it little where they run to their share.
+        # The roundings read only the bound's LP, so they run before the keep-set stages,
+        # which would leave them little where they run to their share; the staged one
+        # first, where it runs: where it closes the gap (the decoders at their layers'
+        # peak), the cached-op rounding is not needed.
         rounded = None
         staged: list[SolveResult] = []
+        n = graph.number_of_nodes()
         if simulate(graph, Schedule()).peak_bytes > budget_bytes:  # else keep-all is optimal
+            share = BOUND_SHARE
+            if self.nesting:  # staged schedules run eagerly only
+                share += STAGED_ROUNDING_SHARE
+                staged.append(
+                    staged_rounding(
+                        graph,
+                        budget_bytes,
+                        relaxed=cover,
+                        deadline=deadline.share(share),
+                        gap=self.gap,
+                    )
+                )
+                early = early_result(n, staged, cover, deadline, self.gap, self.name)
+                if early is not None:
+                    return dataclasses.replace(early, budget_bytes=budget_bytes)
             rounded = cache_rounding(
                 graph,
                 budget_bytes,
                 relaxed=cover,
-                deadline=deadline.share(BOUND_SHARE + ROUNDING_SHARE),
+                deadline=deadline.share(share + ROUNDING_SHARE),
             )
-            if self.nesting:  # staged schedules run eagerly only
-                share = BOUND_SHARE + ROUNDING_SHARE + STAGED_ROUNDING_SHARE
-                staged.append(
-                    staged_rounding(
-                        graph, budget_bytes, relaxed=cover, deadline=deadline.share(share)
-                    )
-                )
-            early = early_result(
-                graph.number_of_nodes(), [rounded, *staged], cover, deadline, self.gap, self.name
-            )
+            early = early_result(n, [rounded, *staged], cover, deadline, self.gap, self.name)
             if early is not None:
                 return dataclasses.replace(early, budget_bytes=budget_bytes)
         keep_deadline = deadline.share(1.0 - self.general_share)

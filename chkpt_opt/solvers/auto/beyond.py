@@ -59,8 +59,15 @@ from functools import partial
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.solvers.auto.keep_set import closes_gap, log_stage
-from chkpt_opt.solvers.base import Solver, SolveResult, SolveStatus, best_of, meets_bound
+from chkpt_opt.solvers.auto.keep_set import log_stage
+from chkpt_opt.solvers.base import (
+    Solver,
+    SolveResult,
+    SolveStatus,
+    best_of,
+    closes_gap,
+    meets_bound,
+)
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.heuristics.greedy_sweep import greedy_sweep

@@ -1,8 +1,8 @@
 """``auto``'s early return (:func:`early_result`): a rounded schedule that closes the gap.
 
-The roundings of the recompute bound's LP run right after the bound (the cached-op
-rounding, and on eager plans the staged rounding,
-:mod:`~chkpt_opt.solvers.staged.rounding`). Where the better of them fits and its cost is
+The roundings of the recompute bound's LP run right after the bound (on eager plans the
+staged rounding, :mod:`~chkpt_opt.solvers.staged.rounding`, then the cached-op rounding
+unless the staged one returned already). Where the better of them fits and its cost is
 within ``auto``'s ``gap`` of the recompute bound, which holds over every schedule, nothing
 the later stages find can be cheaper by more than the gap: ``auto`` returns it at once,
 ``optimal`` where it meets the bound, else ``feasible`` with that bound
@@ -25,8 +25,14 @@ from __future__ import annotations
 import dataclasses
 
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.solvers.auto.keep_set import closes_gap
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of, keep_all, meets_bound
+from chkpt_opt.solvers.base import (
+    SolveResult,
+    SolveStatus,
+    best_of,
+    closes_gap,
+    keep_all,
+    meets_bound,
+)
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound
 from chkpt_opt.solvers.deadline import Deadline
 

@@ -36,7 +36,7 @@ from typing import Protocol
 
 from chkpt_opt.errors import SolverError
 from chkpt_opt.graphs.costgraph import CostGraph
-from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of, meets_bound
+from chkpt_opt.solvers.base import SolveResult, SolveStatus, best_of, closes_gap, meets_bound
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.keepset.choice import pick_exact
@@ -55,14 +55,6 @@ Mixtral, where ``auto`` with the keep-set stages at 90% returned 8955 ms and not
 CPSAT_FIRST_SHARE = 0.5
 """Where no heuristic's schedule fits and the exact stage is the pruned search, the share
 of the stage's time that flat CP-SAT gets first (the module docstring)."""
-
-
-def closes_gap(objective_s: float, bound_s: float | None, gap: float) -> bool:
-    """Whether a cost is within the relative ``gap`` of a proven lower bound on it
-    (``objective - bound <= gap * objective``; a cost that meets the bound always is)."""
-    if bound_s is None:
-        return False
-    return meets_bound(objective_s, bound_s) or objective_s - bound_s <= gap * objective_s
 
 
 class KeepSetSettings(Protocol):

@@ -54,7 +54,7 @@ from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.memory_model.staged import recomputable_ops, staged_schedule
 from chkpt_opt.memory_model.staged.rule import stage_ops
-from chkpt_opt.solvers.base import SolveResult, lowest_ranked, result_from_profile
+from chkpt_opt.solvers.base import SolveResult, closes_gap, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 
@@ -285,6 +285,7 @@ def staged_rounding(
     *,
     relaxed: RecomputeBound | None = None,
     deadline: Deadline = NO_DEADLINE,
+    gap: float | None = None,
 ) -> SolveResult:
     """The rounded staged schedule of the module docstring.
 
@@ -294,27 +295,36 @@ def staged_rounding(
         relaxed: the recompute bound at this budget, if the caller has it (else it is
             solved within ``deadline``).
         deadline: no further schedule is judged, nor LP solved, once it has passed.
+        gap: no further schedule is judged, nor LP solved, once one that fits is within
+            this relative gap of the bound at ``budget_bytes`` (``stats["stopped_at_gap"]``;
+            ``auto`` passes its own): the trim and the repairs could lower its cost by at
+            most that. None: every stage runs.
     """
     clock = Deadline.after(None)
     stager = _Stager(graph)
     judged: list[Judged] = []
     fwd = {n: graph.nodes[n]["fwd_time_s"] for n in stager.order}
+    target = budget_bytes
+    lp = relaxed if relaxed is not None else recompute_bound(graph, target, deadline=deadline)
+    bound_s = lp.bound_s  # at the budget: the lowered LPs' bounds are not bounds here
+    closed: list[float] = []  # the gap of the first fit within ``gap`` of ``bound_s``
 
     def judge(
         ops: frozenset[str], again: frozenset[Again]
     ) -> tuple[Schedule, MemoryProfile] | None:
-        if deadline.expired():
+        if deadline.expired() or closed:
             return None
         schedule = stager.schedule(ops, again)
         profile = simulate(graph, schedule)
         judged.append(((schedule, ops, again), profile))
+        fits = profile.peak_bytes <= budget_bytes
+        if fits and gap is not None and closes_gap(profile.recompute_s, bound_s, gap):
+            closed.append(0.0 if not profile.recompute_s else 1 - bound_s / profile.recompute_s)
         return schedule, profile
 
-    target = budget_bytes
-    lp = relaxed if relaxed is not None else recompute_bound(graph, target, deadline=deadline)
     rounds = 0
     to_repair: list[frozenset[str]] = []  # each round's lowest-peak rounding so far
-    while rounds < MAX_ROUNDS and lp.bound_s is not None and not deadline.expired():
+    while rounds < MAX_ROUNDS and lp.bound_s is not None and not (deadline.expired() or closed):
         rounds += 1
         share = lp.recompute_share
         lowest: int | None = None
@@ -353,5 +363,10 @@ def staged_rounding(
         budget_bytes=budget_bytes,
         solver="staged_rounding",
         solve_s=clock.elapsed_s(),
-        stats={"schedules": len(judged), "lp_rounds": rounds, "trimmed": trimmed},
+        stats={
+            "schedules": len(judged),
+            "lp_rounds": rounds,
+            "trimmed": trimmed,
+            **({"stopped_at_gap": {"bound_s": bound_s, "gap": closed[0]}} if closed else {}),
+        },
     )

@@ -15,7 +15,7 @@ from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.solvers import SolveStatus, get_solver
-from chkpt_opt.solvers.auto.keep_set import closes_gap
+from chkpt_opt.solvers.base import closes_gap
 from chkpt_opt.zoo import huggingface as hf_zoo
 
 CORPUS = Path(__file__).resolve().parents[3] / "graphs"

@@ -77,3 +77,25 @@ def test_llama_runs_as_simulated(llama2, lower: float) -> None:
     assert all(torch.equal(a, b) for a, b in zip(reference, grads, strict=True))
     # at the peak, measured 42,127,368 bytes against 42,135,560 simulated: 8 KiB under
     assert found.peak_bytes * 0.999 <= peak <= found.peak_bytes <= budget
+
+
+def test_a_gap_stops_the_rounding_at_the_first_schedule_within_it(llama2) -> None:
+    """Halfway to the floor (where the trim and the repairs judge many schedules): with a
+    gap, the first fit within it of the bound ends the rounding, proven so in its stats;
+    without, every stage runs and the result is no costlier."""
+    _, _, traced, peak_budget = llama2
+    graph = traced.graph
+    cover = recompute_bound(graph, peak_budget)
+    budget = int(peak_budget - 0.5 * (peak_budget - cover.floor_bytes))
+    cover = recompute_bound(graph, budget)
+    assert cover.bound_s is not None
+    every = staged_rounding(graph, budget, relaxed=cover)
+    assert "stopped_at_gap" not in every.stats
+    gap = (every.objective - cover.bound_s) / every.objective + 0.05  # within reach
+    stopped = staged_rounding(graph, budget, relaxed=cover, gap=gap)
+    assert stopped.peak_bytes <= budget
+    assert stopped.objective - cover.bound_s <= gap * stopped.objective
+    assert stopped.stats["stopped_at_gap"]["bound_s"] == cover.bound_s
+    assert stopped.stats["stopped_at_gap"]["gap"] <= gap
+    assert stopped.stats["schedules"] < every.stats["schedules"]
+    assert every.objective <= stopped.objective
