@@ -107,6 +107,7 @@ def plan(
     sharding: Sharding | None = None,
     outputs_held: bool = True,
     timed_choice: bool | None = None,
+    gap: float | None = None,
 ) -> Plan:
     """Traces ``model`` and solves for the cheapest schedule whose whole step fits ``budget``.
 
@@ -158,6 +159,9 @@ def plan(
             ``chkpt_opt.optimize(outputs_held=...)``.
         timed_choice: as :func:`plan_traced` (by default on for solver ``auto`` on
             measured op times, on one device).
+        gap: the relative gap at which the solve stops, where ``solver`` takes one
+            (``auto``: a schedule within ``gap`` of a proven bound returns at once); None:
+            the solver's own (``auto``'s: 1%).
 
     Raises:
         BudgetError: unreadable budget, or below the resident memory.
@@ -182,6 +186,7 @@ def plan(
         timed_choice=timed_choice,
         deadline=deadline,
         stage_s=seconds,
+        gap=gap,
     )
     log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
     return made
@@ -221,13 +226,14 @@ def plan_traced(
     timed_choice: bool | None = None,
     deadline: Deadline | None = None,
     stage_s: dict[str, float] | None = None,
+    gap: float | None = None,
 ) -> Plan:
     """:func:`plan` for a model already traced: the budget split, the solve and the
     simulation of its schedule, on ``traced.graph`` as it is (measure it first through
     :func:`chkpt_opt.measurement.measure_traced`, as :func:`plan` does). ``time_limit_s``
     bounds this call (at least :data:`MIN_SOLVE_S` for the solver, and again for the search
     for the smallest feasible budget when the budget cannot be met); ``sharding`` as in
-    :func:`plan`.
+    :func:`plan`; ``gap`` as in :func:`plan`.
 
     ``timed_choice``: time the solver's schedule against the model's own checkpointing
     layouts that fit the budget and keep the fastest
@@ -264,7 +270,8 @@ def plan_traced(
         else ({}, 0, 0.0)
     )
     with stage("solve", deadline, seconds):
-        result = get_solver(solver)(graph, act, time_limit_s=left_s(reserved_s))
+        solve = get_solver(solver) if gap is None else get_solver(solver, gap=gap)
+        result = solve(graph, act, time_limit_s=left_s(reserved_s))
         if not result.feasible and not result.proves_infeasible:
             result = _own_layout_if_it_fits(graph, act, result, layouts)
         if not result.feasible and not result.proves_infeasible and deadline.expired():

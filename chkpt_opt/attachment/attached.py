@@ -38,6 +38,7 @@ from chkpt_opt.attachment.call_capture import CallCapture
 from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
 from chkpt_opt.attachment.call_key import CallKey, call_key
 from chkpt_opt.attachment.compiled_call import compiled_training_call
+from chkpt_opt.attachment.held_batches import held_batch_bytes, holding_batches
 from chkpt_opt.attachment.held_outputs import (
     dropping_outputs,
     outputs_held_hint,
@@ -85,6 +86,7 @@ class Attachment:
     solver: str = "auto"
     optimizer: OptimizerArg = "adamw"
     time_limit_s: float | None = None
+    gap: float | None = None
     tracer: str = "auto"
     profile_times: bool | None = None
     plan_dir: Path | None = None
@@ -183,20 +185,29 @@ class Attachment:
         name = type(self.model).__name__
         log.info("chkpt_opt: capturing %s for a new input signature: %s", name, key.describe())
         self._planning = (Deadline.after(self.time_limit_s), {})  # one limit for every stage
+        held = held_batch_bytes(self.model, (args, kwargs))  # as the call finds them
         with stage("capture", *self._planning):
             traced = self.capture.measured(key, args, kwargs, self._planning[0])
             planned_before = key.family in self._planned_families  # a family that grows
             grown = self.capture.grown(key, traced, args, kwargs) if planned_before else None
         if grown is not None:
             try:
-                return self._planned(*grown, start)
+                return self._planned(*grown, start, held)
             except InfeasibleBudgetError as err:
                 log.info("chkpt_opt: planning at the rounded-up sizes failed (%s)", err)
-        return self._planned(key, traced, start)
+        return self._planned(key, traced, start, held)
 
-    def _planned(self, key: CallKey, traced: Traced, start: float) -> Runner:
-        """The runner for ``key``'s capture: a schedule reused, stored or solved."""
+    def _planned(self, key: CallKey, traced: Traced, start: float, held_bytes: int) -> Runner:
+        """The runner for ``key``'s capture: a schedule reused, stored or solved, for a
+        step that holds ``held_bytes`` of other batches beside it (.held_batches)."""
         self._planned_families.add(key.family)
+        if held_bytes:
+            log.info(
+                "chkpt_opt: the loop holds %s of other batches beside this call's; planned "
+                "resident",
+                format_bytes(held_bytes),
+            )
+            traced = dataclasses.replace(traced, graph=holding_batches(traced.graph, held_bytes))
         watched = watched_positions(traced.graph, traced.captured.module)
         can_drop = bool(watched)
         drops = can_drop and self.outputs_held is False
@@ -256,7 +267,7 @@ class Attachment:
         optimizer = self.optimizer
         if optimizer is not None and not isinstance(optimizer, str):
             optimizer = type(optimizer).__name__
-        settings = (self.budget.total_bytes, optimizer, self.solver, self.profile_times)
+        settings = (self.budget.total_bytes, optimizer, self.solver, self.gap, self.profile_times)
         return settings if self.sharding is None else (*settings, self.sharding)
 
     def _stored(self, graph: CostGraph) -> Schedule | None:
@@ -287,9 +298,10 @@ class Attachment:
             sharding=self.sharding,
             deadline=deadline,  # the solve and the timed choice get what capture left
             stage_s=seconds,
+            gap=self.gap,
         )
         if self.for_compile:  # the plan the compiled step can run (no nesting, unpacking)
-            made = made.for_compile(time_limit_s=self.time_limit_s)
+            made = made.for_compile(time_limit_s=self.time_limit_s, gap=self.gap)
         self.stats.solve_s += time.perf_counter() - start
         log.info("chkpt_opt plan for %s:\n%s", type(self.model).__name__, made.summary())
         if self.plan_dir is not None:

@@ -196,7 +196,9 @@ def attach_layerwise(
         model.train(was_training)
     if made.schedule.staged:  # per-op stages: no per-layer setting expresses them
         log.info("chkpt_opt: the plan is staged; lowering the best plan without stages")
-        made = made.for_compile(time_limit_s=plan_settings.get("time_limit_s"))
+        made = made.for_compile(
+            time_limit_s=plan_settings.get("time_limit_s"), gap=plan_settings.get("gap")
+        )
     graph = made.graph
     if outputs_held is False and droppable(graph):
         graph = dropping_outputs(graph)

@@ -1,6 +1,6 @@
 """``chkpt_opt.optimize`` and ``attachment_of`` on a small network: a budget no schedule
 meets for the example inputs is refused at ``optimize``; the summary lists each plan once
-with the shapes it served."""
+with the shapes it served; the gap reaches the solver."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import chkpt_opt
-from chkpt_opt.errors import InfeasibleBudgetError
+from chkpt_opt.attachment import OPTIMIZE_GAP
+from chkpt_opt.errors import InfeasibleBudgetError, SolverError
 
 WIDTH, LAYERS = 64, 6
 
@@ -53,3 +54,31 @@ def test_the_summary_lists_each_plan_once_with_the_shapes_it_served() -> None:
     assert len(lines) == 2 and lines[1].startswith("plan 1 (solved, symbolic sizes")
     for batch in (32, 24, 16, 8):
         assert f"[{batch}, {WIDTH}]" in lines[1]
+
+
+def test_the_gap_reaches_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optimize``'s gap: 5% for ``auto`` by default, the caller's where given, none for a
+    solver that takes none (and a clear error where one is given to it)."""
+    import chkpt_opt.api
+
+    seen: list[tuple[str, dict[str, object]]] = []
+    real = chkpt_opt.api.get_solver
+
+    def spy(name: str, **settings: object) -> object:
+        seen.append((name, settings))
+        return real(name, **settings)
+
+    monkeypatch.setattr(chkpt_opt.api, "get_solver", spy)
+    x = torch.randn(8, WIDTH)
+    for settings, expected in (
+        ({}, ("auto", {"gap": OPTIMIZE_GAP})),
+        ({"gap": 0.2}, ("auto", {"gap": 0.2})),
+        ({"solver": "greedy"}, ("greedy", {})),
+    ):
+        seen.clear()
+        chkpt_opt.optimize(
+            _net(), (x,), budget=10**12, optimizer=None, profile_times=False, **settings
+        )
+        assert seen == [expected]
+    with pytest.raises(SolverError, match="gap"):
+        chkpt_opt.optimize(_net(), (x,), budget=10**12, optimizer=None, solver="greedy", gap=0.1)
