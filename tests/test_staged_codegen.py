@@ -108,6 +108,22 @@ class ConvNorm(nn.Module):
         return F.cross_entropy(self.head(h.mean((2, 3))), target)
 
 
+class DropoutMLP(nn.Module):
+    """Linear -> dropout -> ReLU -> linear -> GELU -> dropout -> head, an MSE loss: random
+    ops a stage recomputes under the generator's state of their forward call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(16, 64)
+        self.l2 = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.drop(self.l1(x)))
+        return F.mse_loss(self.head(self.drop(F.gelu(self.l2(h)))), target)
+
+
 Case = tuple[nn.Module, tuple[torch.Tensor, ...], Traced, dict[int, list[torch.Tensor]]]
 """A model, its inputs, its trace and the gradients of its own step by the number of CPU
 threads (kernels sum in another order on another number of threads)."""
@@ -118,6 +134,7 @@ MAKERS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "shared_tanh": lambda: (SharedTanh(), (torch.randn(256, 16),)),
     "norm_mlp": lambda: (NormMLP(), (torch.randn(512, 16), torch.randint(0, 10, (512,)))),
     "conv_norm": lambda: (ConvNorm(), (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))),
+    "dropout_mlp": lambda: (DropoutMLP().train(), (torch.randn(256, 16), torch.randn(256, 4))),
 }
 
 
@@ -148,6 +165,7 @@ def _step(model: nn.Module, module: nn.Module, args: tuple) -> Measured:
     leaves = [*model.parameters(), args[0]]
     for t in leaves:
         t.grad = None
+    torch.manual_seed(0)  # the random ops draw the same numbers in every step
     with StorageTracker() as tracker:
         out = module(*args)
         forward, held = tracker.peak_bytes, tracker.live_bytes
@@ -265,6 +283,10 @@ NAMED: dict[str, tuple[str, dict[str, list[str]]]] = {
     # the cross-entropy's log-softmax and total weight rebuilt before its own backward
     "cross_entropy": ("norm_mlp", {"mean": ["cross_entropy_loss"]}),
     "cross_entropy_chain": ("norm_mlp", {"mean": ["add", "linear_2", "cross_entropy_loss"]}),
+    # dropouts recomputed under their forward call's generator state: the first for the
+    # linear reading it, the second twice (for the head, then for its own backward)
+    "dropout": ("dropout_mlp", {"linear_1": ["dropout", "relu"]}),
+    "dropout_twice": ("dropout_mlp", {"linear_2": ["dropout_1"], "dropout_1": ["dropout_1"]}),
     # a group norm and a pool rebuilt together; the pool again for its own backward
     "group_norm_pool": (
         "conv_norm",
@@ -569,3 +591,16 @@ def test_the_compile_path_and_the_lowerings_refuse_a_staged_schedule(models) -> 
         lower_to_sac(graph, schedule, {})
     with pytest.raises(ScheduleError, match=r"staged.*Run it eagerly"):
         lower_to_layers(graph, schedule, target="huggingface")
+
+
+def test_a_recomputed_dropout_leaves_the_generator_as_the_original_step_does(models) -> None:
+    model, args, traced, _ = models["dropout_mlp"]
+    graph = traced.graph
+    assert {"dropout", "dropout_1"} <= recomputable_ops(graph)
+    schedule = Schedule(staged=staged_schedule(graph, NAMED["dropout_twice"][1]))
+    assert staged_plan(graph, schedule).replayed == {"dropout_1": 1}
+    after = []
+    for module in (model, rewrite_module(traced.captured.fresh_module(), graph, schedule)):
+        _step(model, module, args)
+        after.append(torch.rand(4))  # the next draw after the step
+    assert torch.equal(*after)

@@ -61,6 +61,8 @@ class StagedPlan:
         buffers: each recomputed op that saves buffers of its own -> those buffers
             (``<op>:buf<k>``, in the order of ``k``) with their bytes; the op is recomputed
             with autograd recording to capture them.
+        replayed: each recomputed random op -> its last recomputation step: it is
+            recomputed under the generators' state its forward call found, kept until then.
     """
 
     steps: tuple[str, ...]
@@ -72,6 +74,7 @@ class StagedPlan:
     backward: frozenset[str]
     recomputed: frozenset[str]
     buffers: dict[str, tuple[tuple[str, int], ...]]
+    replayed: dict[str, int]
 
 
 def own_buffers(graph: CostGraph, op: str) -> tuple[tuple[str, int], ...]:
@@ -146,4 +149,5 @@ def staged_plan(graph: CostGraph, schedule: Schedule) -> StagedPlan:
         backward=backward,
         recomputed=frozenset(steps),
         buffers=buffers,
+        replayed={r: j for j, r in enumerate(steps) if nodes[r]["is_random"]},
     )

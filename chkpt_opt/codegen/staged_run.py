@@ -13,6 +13,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from chkpt_opt.codegen.rng_replay import rng_replayed, rng_states
 from chkpt_opt.codegen.staged_plan import Key, StagedPlan
 from chkpt_opt.errors import ScheduleError, short
 
@@ -72,19 +73,29 @@ class _Recipe:
     counters of the tensors it keeps (detached), as they were; ``grads`` says which leaves
     of its arguments required gradients in the forward."""
 
-    __slots__ = ("args", "autocast", "fn", "grads", "kwargs", "versions")
+    __slots__ = ("args", "autocast", "fn", "grads", "kwargs", "rng", "versions")
 
     def __init__(
-        self, fn: Any, args: Any, kwargs: Any, versions: list[Any], grads: tuple[bool, ...]
+        self,
+        fn: Any,
+        args: Any,
+        kwargs: Any,
+        versions: list[Any],
+        grads: tuple[bool, ...],
+        random: bool = False,
     ) -> None:
         self.fn, self.args, self.kwargs, self.versions = fn, args, kwargs, versions
         self.grads = grads
-        devices = {t.device.type for t in _leaves((args, kwargs))} | {"cpu"}
+        leaves = _leaves((args, kwargs))
+        devices = {t.device.type for t in leaves} | {"cpu"}
         self.autocast = [
             (d, torch.get_autocast_dtype(d), torch.is_autocast_enabled(d))
             for d in sorted(devices)
             if torch.amp.is_autocast_available(d)
         ]
+        # a random op: the generators' state it draws from, as its forward call found it
+        cuda = sorted({t.device for t in leaves if t.device.type == "cuda"}, key=str)
+        self.rng = rng_states([torch.device("cpu"), *cuda]) if random else None
 
 
 class _Handle:
@@ -173,7 +184,10 @@ class StagedRun:
                 isinstance(x, torch.Tensor) and x.requires_grad
                 for x in tree_flatten((args, kwargs))[0]
             )
-            self.recipes[name] = _Recipe(fn, *tree_map(kept, (args, kwargs)), versions, grads)
+            random = name in self.plan.replayed
+            self.recipes[name] = _Recipe(
+                fn, *tree_map(kept, (args, kwargs)), versions, grads, random
+            )
         outer = (self.current, self.pending)
         self.current, self.pending = name, []
         try:
@@ -324,11 +338,14 @@ class StagedRun:
             return _as(self._held(reads[x.sid], f"an input of {short(name)}"), x.geometry)
 
         args, kwargs = tree_map(value, (recipe.args, recipe.kwargs))
-        if name in self.plan.buffers:
-            out = self._recording(j, recipe, args, kwargs)
-        else:
-            with _replaying(recipe, grad=False):
-                out = recipe.fn(*args, **kwargs)
+        with rng_replayed(recipe.rng):
+            if name in self.plan.buffers:
+                out = self._recording(j, recipe, args, kwargs)
+            else:
+                with _replaying(recipe, grad=False):
+                    out = recipe.fn(*args, **kwargs)
+        if self.plan.replayed.get(name) == j:
+            recipe.rng = None  # its last recomputation
         self._register(name, out, (args, kwargs), j)
         del args, kwargs, out
         for key in reads.values():

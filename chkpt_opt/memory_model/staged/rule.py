@@ -1,13 +1,19 @@
 """What a staged schedule may recompute, and its check.
 
 An op may be recomputed at a stage where a recomputation gives the same values and the
-executor can hold them: where it may be unpacked
-(:func:`chkpt_opt.memory_model.unpack.unpackable_ops`: it owns the storages it returns, draws no
-random numbers, updates no state, is not a step output, no op writes its outputs in place, and no
-later op writes in place what it reads). A recomputation re-creates every storage the op owns that
-some op saves (:func:`recomputed_storages`): those it returns, and a buffer it saves for its own
-backward (a max-pool's indices, a layer norm's statistics), which the executor captures by running
-the op with autograd recording, as checkpoint's recomputation does.
+executor can hold them: where it may be unpacked, random ops included
+(:func:`chkpt_opt.memory_model.unpack.unpackable_ops` with ``draws_ok``: it owns the storages
+it returns, updates no state, is not a step output, no op writes its outputs in place, and no
+later op writes in place what it reads). A random op (dropout, attention) is recomputed under
+the generators' state its forward call found, which the executor copies then and keeps until
+its last recomputation, so that it draws the same numbers. Those copies are not counted, as
+checkpoint's copies for a region that replays them are not: on CUDA they live on the host
+(a generator's seed and offset), on the CPU they are 5056 bytes each that no ATen op makes
+(the dispatcher-level measurement does not see them either). A recomputation re-creates
+every storage the op owns that some op saves (:func:`recomputed_storages`): those it
+returns, and a buffer it saves for its own backward (a max-pool's indices, a layer norm's
+statistics), which the executor captures by running the op with autograd recording, as
+checkpoint's recomputation does.
 
 Example:
     >>> from chkpt_opt.graphs.synthetic import chain_graph
@@ -56,7 +62,7 @@ def stage_ops(graph: CostGraph) -> frozenset[str]:
 
 def recomputable_ops(graph: CostGraph) -> frozenset[str]:
     """The ops a staged schedule may recompute (see the module docstring)."""
-    return unpackable_ops(graph)
+    return unpackable_ops(graph, draws_ok=True)
 
 
 def staged_schedule(graph: CostGraph, stages: Mapping[str, Iterable[str]]) -> Staged:
@@ -117,8 +123,8 @@ def check_staged(graph: CostGraph, staged: Staged) -> None:
             if n not in allowed:
                 raise ScheduleError(
                     f"staged schedule: op {short(n)} cannot be recomputed (it returns a view, "
-                    "writes or reads a tensor written in place, draws random numbers, "
-                    "updates state or is a step output); drop it from stage "
+                    "writes or reads a tensor written in place, updates state or is a step "
+                    "output); drop it from stage "
                     f"{short(b)}."
                 )
         if indices != sorted(set(indices)):

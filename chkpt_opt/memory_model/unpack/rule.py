@@ -107,10 +107,10 @@ def unpack_problem(graph: CostGraph, node: str) -> str:
     return ""
 
 
-def self_contained_ops(graph: CostGraph) -> frozenset[str]:
+def self_contained_ops(graph: CostGraph, *, draws_ok: bool = False) -> frozenset[str]:
     """Ops that own every storage they return (no view, not in place), whose outputs no op
-    writes in place later, and that draw no random numbers: what a cache can hold or a
-    recipe remake (:func:`chkpt_opt.memory_model.schedule.cacheable_ops`,
+    writes in place later, and that draw no random numbers (``draws_ok``: or do): what a
+    cache can hold or a recipe remake (:func:`chkpt_opt.memory_model.schedule.cacheable_ops`,
     :func:`unpackable_ops`)."""
     written = {
         sid for n, a in graph.nodes(data=True) if a["is_inplace"] for sid in storage_refs(graph, n)
@@ -121,19 +121,21 @@ def self_contained_ops(graph: CostGraph) -> frozenset[str]:
         if a["outputs"]
         and not a["aliases"]
         and not a["is_inplace"]
-        and not a["is_random"]
+        and (draws_ok or not a["is_random"])
         and not any(sid in written for sid in a["outputs"])
     )
 
 
-def unpackable_ops(graph: CostGraph) -> frozenset[str]:
+def unpackable_ops(graph: CostGraph, *, draws_ok: bool = False) -> frozenset[str]:
     """The ops a schedule may unpack where they lie outside every region (see the module
     docstring): the self-contained ones that are not stateful nor a step output and read
-    nothing a later op writes in place."""
+    nothing a later op writes in place. ``draws_ok``: random ops too, for an executor that
+    replays the generators' state (a staged recomputation,
+    :func:`chkpt_opt.memory_model.staged.recomputable_ops`)."""
     left_out = set(graph.graph["outputs"]) | later_write_readers(graph)
     return frozenset(
         n
-        for n in self_contained_ops(graph)
+        for n in self_contained_ops(graph, draws_ok=draws_ok)
         if not graph.nodes[n]["is_stateful"] and n not in left_out
     )
 
