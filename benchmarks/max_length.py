@@ -702,7 +702,8 @@ def markdown(
     return lines
 
 
-def main() -> None:
+def main_parser() -> argparse.ArgumentParser:
+    """The command line's options (``benchmarks/results/max_batch/measure.py`` reads them)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--mode", nargs="+", default=["lora", "full"], choices=["lora", "full"])
@@ -738,7 +739,11 @@ def main() -> None:
     parser.add_argument("--name", default="", help="output file suffix (default: from layers)")
     parser.add_argument("--quiet", action="store_true", help="hide chkpt_opt's log")
     parser.add_argument("--render", type=Path, help="rewrite the Markdown of this JSON file")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = main_parser().parse_args()
     if args.render:
         payload = json.loads(args.render.read_text())
         settings = argparse.Namespace(**payload["settings"])

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 import chkpt_opt
 import chkpt_opt.solvers
@@ -359,3 +360,29 @@ def test_a_batch_whose_resident_memory_is_over_the_budget_is_proven_not_to_fit()
     result = max_batch_size(wider, "200kB", solver="greedy", optimizer=None, max_batch=8)
     assert result.with_plan == 1 and not result.solved  # batch 2: never solved
     assert result.next_batch == (2, True)
+
+
+class _Head(torch.nn.Module):
+    """A linear layer and a wide head, returning the loss beside the logits (as a Hugging
+    Face model does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(32, 32)
+        self.head = torch.nn.Linear(32, 512)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.head(torch.tanh(self.body(x)))
+        return {"loss": logits.mean(), "logits": logits}
+
+
+def test_max_batch_plans_for_a_loop_that_drops_the_logits_where_told() -> None:
+    torch.manual_seed(0)
+
+    def build(batch: int) -> tuple:
+        return _Head(), (torch.randn(64 * batch, 32),), {}
+
+    kwargs = {"solver": "greedy", "optimizer": None, "max_batch": 16}
+    held = max_batch_size(build, "1MB", **kwargs)
+    dropped = max_batch_size(build, "1MB", outputs_held=False, **kwargs)
+    assert held.without_checkpointing < dropped.without_checkpointing

@@ -95,6 +95,7 @@ def max_batch_size(
     optimizer: str | None = "adamw",
     max_batch: int = 1 << 14,
     time_limit_s: float | None = None,
+    outputs_held: bool = True,
 ) -> MaxBatch:
     """Searches the largest batch whose training step fits ``budget``.
 
@@ -106,8 +107,12 @@ def max_batch_size(
         optimizer: optimizer whose state counts in the budget.
         max_batch: upper end of the search.
         time_limit_s: time limit of each solve (None: the solver's default).
+        outputs_held: whether the loop holds the outputs beside the loss (the logits)
+            through the backward pass, as :func:`chkpt_opt.plan` takes it; False for
+            ``model(**batch).loss.backward()`` and ``Trainer``.
     """
     import chkpt_opt
+    from chkpt_opt.attachment.held_outputs import droppable, dropping_outputs
 
     keep_fits: dict[int, bool] = {}
     plan_fits: dict[int, bool] = {}
@@ -116,7 +121,10 @@ def max_batch_size(
     def graph_of(batch: int) -> Any:
         if batch not in graphs:
             model, args, kwargs = build(batch)
-            graphs[batch] = chkpt_opt.trace(model, args, kwargs)
+            graph = chkpt_opt.trace(model, args, kwargs)
+            if not outputs_held and droppable(graph):
+                graph = dropping_outputs(graph)
+            graphs[batch] = graph
         return graphs[batch]
 
     def keeps(batch: int) -> bool:

@@ -200,6 +200,7 @@ def cmd_max_batch(args: argparse.Namespace) -> int:
         optimizer=optimizer_arg(args.optimizer),
         max_batch=args.max_batch,
         time_limit_s=args.time_limit,
+        outputs_held=not args.outputs_dropped,
     )
     data = {
         "budget_bytes": result.budget_bytes,

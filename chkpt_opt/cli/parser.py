@@ -184,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     budget_args(p, sharded=False)
     p.add_argument("--max-batch", type=int, default=4096)
+    p.add_argument(
+        "--outputs-dropped",
+        action="store_true",
+        help="the loop drops the outputs beside the loss (the logits) before the backward "
+        "pass, as model(**batch).loss.backward() and Trainer do (default: held to its end)",
+    )
 
     p = add(
         "export", cmd_export, "lower a schedule for a trainer, or write the memory-viewer snapshot"
