@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import SolveResult, get_solver, smallest_peak
 from chkpt_opt.solvers.base import result_from_profile
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, stage
+from chkpt_opt.solvers.registry import solver_settings as given_settings
 from chkpt_opt.step_budget.budget import Budget
 from chkpt_opt.step_budget.sharding import (
     Sharding,
@@ -108,6 +110,7 @@ def plan(
     outputs_held: bool = True,
     timed_choice: bool | None = None,
     gap: float | None = None,
+    stall_s: float | None = None,
 ) -> Plan:
     """Traces ``model`` and solves for the cheapest schedule whose whole step fits ``budget``.
 
@@ -162,6 +165,9 @@ def plan(
         gap: the relative gap at which the solve stops, where ``solver`` takes one
             (``auto``: a schedule within ``gap`` of a proven bound returns at once); None:
             the solver's own (``auto``'s: 1%).
+        stall_s: where ``solver`` takes one (``auto``), the seconds without a better
+            schedule after which its searches beyond keep-set stop; None: the solver's own
+            (``auto``'s: never before the limit).
 
     Raises:
         BudgetError: unreadable budget, or below the resident memory.
@@ -186,7 +192,7 @@ def plan(
         timed_choice=timed_choice,
         deadline=deadline,
         stage_s=seconds,
-        gap=gap,
+        solver_settings=given_settings(gap=gap, stall_s=stall_s),
     )
     log.info("chkpt_opt plan for %s:\n%s", type(model).__name__, made.summary())
     return made
@@ -226,14 +232,15 @@ def plan_traced(
     timed_choice: bool | None = None,
     deadline: Deadline | None = None,
     stage_s: dict[str, float] | None = None,
-    gap: float | None = None,
+    solver_settings: Mapping[str, Any] | None = None,
 ) -> Plan:
     """:func:`plan` for a model already traced: the budget split, the solve and the
     simulation of its schedule, on ``traced.graph`` as it is (measure it first through
     :func:`chkpt_opt.measurement.measure_traced`, as :func:`plan` does). ``time_limit_s``
     bounds this call (at least :data:`MIN_SOLVE_S` for the solver, and again for the search
     for the smallest feasible budget when the budget cannot be met); ``sharding`` as in
-    :func:`plan`; ``gap`` as in :func:`plan`.
+    :func:`plan`; ``solver_settings``: the solver's settings
+    (:func:`~chkpt_opt.solvers.registry.solver_settings`).
 
     ``timed_choice``: time the solver's schedule against the model's own checkpointing
     layouts that fit the budget and keep the fastest
@@ -270,7 +277,7 @@ def plan_traced(
         else ({}, 0, 0.0)
     )
     with stage("solve", deadline, seconds):
-        solve = get_solver(solver) if gap is None else get_solver(solver, gap=gap)
+        solve = get_solver(solver, **(solver_settings or {}))
         result = solve(graph, act, time_limit_s=left_s(reserved_s))
         if not result.feasible and not result.proves_infeasible:
             result = _own_layout_if_it_fits(graph, act, result, layouts)

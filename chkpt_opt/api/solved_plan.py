@@ -10,6 +10,7 @@ saves itself as a schedule file (:meth:`Plan.save`) and describes itself
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,11 +95,16 @@ class Plan:
         profile = simulate(self.graph, result.schedule)
         return dataclasses.replace(self, result=result, profile=profile, _compiled=None)
 
-    def for_compile(self, *, time_limit_s: float | None = None, gap: float | None = None) -> Plan:
+    def for_compile(
+        self,
+        *,
+        time_limit_s: float | None = None,
+        solver_settings: Mapping[str, Any] | None = None,
+    ) -> Plan:
         """The plan that the compiled step runs: this plan when its regions do not nest
         (keep-set regions, cached ops inside them or not); for a schedule with nested
         regions or unpacked ops, or a staged one, the best plan without them at the same
-        budget (solved once, by ``auto`` with ``nesting=False`` and ``gap`` where given:
+        budget (solved once, by ``auto`` with ``nesting=False`` and ``solver_settings``:
         keep-set regions and cached ops; where that unpacks ops, the cached-op search from
         it with them kept instead, or the keep-set plan where that search finds none within
         the budget).
@@ -119,8 +125,8 @@ class Plan:
         if not self.schedule.nested and not self.schedule.unpacked and not self.schedule.staged:
             return self
         if self._compiled is None:
-            gap_setting = {} if gap is None else {"gap": gap}
-            result = get_solver("auto", nesting=False, **gap_setting)(
+            settings = dict(solver_settings or {}, nesting=False)
+            result = get_solver("auto", **settings)(
                 self.graph, self.activation_budget_bytes, time_limit_s=time_limit_s
             )
             if result.schedule.unpacked:  # the cached-op search's; compile cannot run them

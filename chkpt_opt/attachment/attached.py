@@ -86,7 +86,7 @@ class Attachment:
     solver: str = "auto"
     optimizer: OptimizerArg = "adamw"
     time_limit_s: float | None = None
-    gap: float | None = None
+    solver_settings: dict[str, Any] = field(default_factory=dict)
     tracer: str = "auto"
     profile_times: bool | None = None
     plan_dir: Path | None = None
@@ -267,7 +267,8 @@ class Attachment:
         optimizer = self.optimizer
         if optimizer is not None and not isinstance(optimizer, str):
             optimizer = type(optimizer).__name__
-        settings = (self.budget.total_bytes, optimizer, self.solver, self.gap, self.profile_times)
+        solver = (self.solver, *sorted(self.solver_settings.items()))
+        settings = (self.budget.total_bytes, optimizer, solver, self.profile_times)
         return settings if self.sharding is None else (*settings, self.sharding)
 
     def _stored(self, graph: CostGraph) -> Schedule | None:
@@ -298,10 +299,12 @@ class Attachment:
             sharding=self.sharding,
             deadline=deadline,  # the solve and the timed choice get what capture left
             stage_s=seconds,
-            gap=self.gap,
+            solver_settings=self.solver_settings,
         )
         if self.for_compile:  # the plan the compiled step can run (no nesting, unpacking)
-            made = made.for_compile(time_limit_s=self.time_limit_s, gap=self.gap)
+            made = made.for_compile(
+                time_limit_s=self.time_limit_s, solver_settings=self.solver_settings
+            )
         self.stats.solve_s += time.perf_counter() - start
         log.info("chkpt_opt plan for %s:\n%s", type(self.model).__name__, made.summary())
         if self.plan_dir is not None:

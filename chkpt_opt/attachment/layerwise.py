@@ -175,6 +175,7 @@ def attach_layerwise(
         ScheduleError: the model has no repeated layers to checkpoint.
     """
     from chkpt_opt.api import plan as make_plan
+    from chkpt_opt.solvers.registry import solver_settings
 
     if example_inputs is None and example_kwargs is None:
         raise BudgetError(
@@ -197,7 +198,10 @@ def attach_layerwise(
     if made.schedule.staged:  # per-op stages: no per-layer setting expresses them
         log.info("chkpt_opt: the plan is staged; lowering the best plan without stages")
         made = made.for_compile(
-            time_limit_s=plan_settings.get("time_limit_s"), gap=plan_settings.get("gap")
+            time_limit_s=plan_settings.get("time_limit_s"),
+            solver_settings=solver_settings(
+                gap=plan_settings.get("gap"), stall_s=plan_settings.get("stall_s")
+            ),
         )
     graph = made.graph
     if outputs_held is False and droppable(graph):

@@ -71,6 +71,13 @@ def get_solver(name: str | Solver, **settings: Any) -> Solver:
         ) from None
 
 
+def solver_settings(*, gap: float | None, stall_s: float | None) -> dict[str, float]:
+    """The settings a caller gave for :func:`get_solver` (``gap``, ``stall_s``: None is not
+    given), leaving the others to the solver's defaults."""
+    given = {"gap": gap, "stall_s": stall_s}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 _BUILTIN: dict[str, str] = {
     # solver name -> the module that registers it
     "keep_all": "chkpt_opt.solvers.heuristics.keep_all",

@@ -1,6 +1,6 @@
 """``chkpt_opt.optimize`` and ``attachment_of`` on a small network: a budget no schedule
 meets for the example inputs is refused at ``optimize``; the summary lists each plan once
-with the shapes it served; the gap reaches the solver."""
+with the shapes it served; the gap and the stall reach the solver."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import chkpt_opt
-from chkpt_opt.attachment import OPTIMIZE_GAP
+from chkpt_opt.attachment import OPTIMIZE_GAP, OPTIMIZE_STALL_S
 from chkpt_opt.errors import InfeasibleBudgetError, SolverError
 
 WIDTH, LAYERS = 64, 6
@@ -56,9 +56,9 @@ def test_the_summary_lists_each_plan_once_with_the_shapes_it_served() -> None:
         assert f"[{batch}, {WIDTH}]" in lines[1]
 
 
-def test_the_gap_reaches_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``optimize``'s gap: 5% for ``auto`` by default, the caller's where given, none for a
-    solver that takes none (and a clear error where one is given to it)."""
+def test_the_gap_and_the_stall_reach_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optimize``'s gap and stall: 5% and 10 s for ``auto`` by default, the caller's where
+    given, none for a solver that takes none (and a clear error where one is given to it)."""
     import chkpt_opt.api
 
     seen: list[tuple[str, dict[str, object]]] = []
@@ -71,8 +71,9 @@ def test_the_gap_reaches_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chkpt_opt.api, "get_solver", spy)
     x = torch.randn(8, WIDTH)
     for settings, expected in (
-        ({}, ("auto", {"gap": OPTIMIZE_GAP})),
-        ({"gap": 0.2}, ("auto", {"gap": 0.2})),
+        ({}, ("auto", {"gap": OPTIMIZE_GAP, "stall_s": OPTIMIZE_STALL_S})),
+        ({"gap": 0.2}, ("auto", {"gap": 0.2, "stall_s": OPTIMIZE_STALL_S})),
+        ({"stall_s": 3.0}, ("auto", {"gap": OPTIMIZE_GAP, "stall_s": 3.0})),
         ({"solver": "greedy"}, ("greedy", {})),
     ):
         seen.clear()

@@ -91,6 +91,10 @@ class AutoSolver:
             ``feasible`` with that bound; the keep-set stages stop at a result within
             ``gap`` of their bound, the searches beyond keep-set at one within ``gap`` of
             a bound over every schedule. 0 stops only at a proven optimum.
+        stall_s: the searches beyond keep-set stop once this many seconds have passed
+            since the best schedule last improved by more than ``gap`` (checked between
+            searches; ``stats["beyond_keep_set_refused"]["stalled"]`` names the first
+            skipped). None: they search to the limit.
     """
 
     solvers: tuple[str, ...] = ("keep_all", "greedy", "sqrt")
@@ -104,6 +108,7 @@ class AutoSolver:
     nesting: bool = True
     general_share: float = 0.1
     gap: float = 0.01
+    stall_s: float | None = None
     name: str = "auto"
 
     def __post_init__(self) -> None:
@@ -174,4 +179,5 @@ class AutoSolver:
             self.nesting,
             gap=self.gap,
             staged=staged,
+            stall_s=self.stall_s,
         )

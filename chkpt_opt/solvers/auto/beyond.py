@@ -38,7 +38,9 @@ wins only if it is better (cheaper while fitting, or a lower peak while nothing 
 is then ``feasible`` (or ``infeasible``) with the recompute bound, the one bound here that
 holds over the larger space, and ``stats["keep_set"]`` records the keep-set result it beat.
 No search starts once the limit has passed (``stats["beyond_keep_set_refused"]["time_limit"]``
-names the first skipped): the limit is a promise, and the best so far is returned.
+names the first skipped): the limit is a promise, and the best so far is returned. With
+``stall_s`` (``optimize`` sets 10 s), none starts once that long has passed since the best
+schedule last improved by more than the gap (``["stalled"]``).
 
 ``general`` is on by default: codegen runs nested regions and cached ops with the keep-set
 path's rules (explicit generators replayed through every level, batch-norm statistics and
@@ -101,6 +103,7 @@ def beyond_keep_set(
     *,
     gap: float = 0.0,
     staged: Sequence[SolveResult] = (),
+    stall_s: float | None = None,
 ) -> SolveResult:
     """The keep-set result, or a better schedule beyond keep-set (see the module
     docstring; without ``nesting``, one level of regions with cached ops). ``cover``'s
@@ -119,12 +122,30 @@ def beyond_keep_set(
     found = [rounded] if rounded is not None else []
     refused: dict[str, str] = {}
 
+    # The best so far and when it last improved by more than the gap (the stall rule).
+    best_so_far = best_of([keep, *found, *staged])
+    improved_at_s = deadline.elapsed_s()
+
     def run(search: Solver, time_limit_s: float | None) -> None:
+        nonlocal best_so_far, improved_at_s
         try:
             found.append(search(graph, budget_bytes, time_limit_s=time_limit_s))
             log_stage(found[-1], deadline)
         except SolverError as err:
             refused[search.name] = str(err)
+            return
+        if _better_by(found[-1], best_so_far, gap):
+            improved_at_s = deadline.elapsed_s()
+        best_so_far = best_of([best_so_far, found[-1]])
+
+    def stalled(next_search: str) -> bool:
+        if stall_s is None or deadline.elapsed_s() - improved_at_s < stall_s:
+            return False
+        refused["stalled"] = (
+            f"no better schedule for {stall_s:g} s: stopped before {next_search} and the "
+            "searches after it"
+        )
+        return True
 
     # Beside the rounding: the exact nested DP (it refuses what it cannot plan at once);
     # the nested heuristic where no keep-set schedule fits; the staged program on graphs
@@ -163,6 +184,8 @@ def beyond_keep_set(
         if deadline.expired():  # the time limit is a promise: the best so far
             refused["time_limit"] = f"passed before {make().name} and the searches after it"
             break
+        if stalled(make().name):
+            break
         left_s = deadline.remaining_s()
         search = make()
         run(search, None if left_s is None else left_s * weight / sum(weights[k:]))
@@ -177,7 +200,11 @@ def beyond_keep_set(
     # from its result where that is the best so far; not where the best already meets the
     # bound that holds over every schedule.
     best = best_of([keep, *found])
-    if not _proven_over_every_schedule(best, cover, every_s, gap) and not deadline.expired():
+    if (
+        not _proven_over_every_schedule(best, cover, every_s, gap)
+        and not deadline.expired()
+        and not ("stalled" in refused or stalled("milp_cached"))
+    ):
         before = len(found)
         cap_s = best.objective if best.feasible else None  # only cheaper schedules matter
         cached_program = get_solver("milp_cached", keep_set=keep, cost_cap_s=cap_s)
@@ -253,6 +280,16 @@ def beyond_keep_set(
         stats=stats,
         proves_infeasible=cover.proves_infeasible,
     )
+
+
+def _better_by(result: SolveResult, best: SolveResult, gap: float) -> bool:
+    """Whether ``result`` beats ``best`` by more than the relative ``gap`` (cheaper while
+    fitting; any fit, or a lower peak, where ``best`` fits nothing)."""
+    if not improves(result, best):
+        return False
+    if not (result.feasible and best.feasible):
+        return True
+    return result.objective < best.objective * (1 - gap)
 
 
 def _proven_over_every_schedule(
