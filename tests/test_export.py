@@ -71,7 +71,7 @@ def test_round_trip_through_a_fresh_process(tmp_path: Path) -> None:
         time_limit_s=10,
         profile_times=False,
     )
-    assert plan.schedule.regions
+    assert plan.schedule.regions or plan.schedule.staged  # it recomputes (dropout included)
     path = tmp_path / "plan.json"
     plan.save(path)
     torch.manual_seed(0)

@@ -843,9 +843,12 @@ def _compile_and_train(backend: str) -> None:
     initial = CompileNet()
     reference, model = copy.deepcopy(initial), copy.deepcopy(initial)
     args = (torch.randn(256, 32),)
+    full = chkpt_opt.plan(model, args, budget=10**15, optimizer=None, profile_times=False)
+    # the smallest budget of the plans the compiled step runs (one level of regions)
+    lowest = smallest_peak(full.graph, time_limit_s=LIMIT_S, nesting=False).peak_bytes
     plan = chkpt_opt.plan(
-        model, args, budget=smallest_budget(model, args), optimizer=None, profile_times=False
-    )
+        model, args, budget=full.static.resident_bytes + lowest, optimizer=None, profile_times=False
+    ).for_compile()  # what the compiled step runs (a staged plan runs eagerly only)
     assert plan.schedule.regions
     compiled = torch.compile(plan.apply(), backend=backend)
     train(reference, reference, args, {}, context=contextlib.nullcontext, reseed=None)

@@ -604,3 +604,23 @@ def test_a_recomputed_dropout_leaves_the_generator_as_the_original_step_does(mod
         _step(model, module, args)
         after.append(torch.rand(4))  # the next draw after the step
     assert torch.equal(*after)
+
+
+def test_a_compiled_staged_module_runs_its_stages_eagerly(models) -> None:
+    """``torch.compile`` of a staged module: the staged body runs eagerly under its hooks
+    (dynamo does not trace it), so the step recomputes as planned, draws the same random
+    numbers and gives the original gradients."""
+    import torch._dynamo
+
+    model, args, traced, _ = models["dropout_mlp"]
+    graph = traced.graph
+    schedule = Schedule(staged=staged_schedule(graph, NAMED["dropout_twice"][1]))
+    module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
+    reference, eager = _step(model, model, args), _step(model, module, args)
+    torch._dynamo.reset()
+    try:
+        ran = _step(model, torch.compile(module, backend="aot_eager"), args)
+    finally:
+        torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(reference.grads, ran.grads, strict=True))
+    assert (ran.forward, ran.held, ran.backward) == (eager.forward, eager.held, eager.backward)

@@ -26,8 +26,10 @@ CopyNode = Callable[
 
 
 class HookedBody(torch.nn.Module):
-    """Runs an outlined part of the forward under :meth:`hooks` (with gradients enabled,
-    not while compiling). The body is held outside the module tree."""
+    """Runs an outlined part of the forward under :meth:`hooks` (with gradients enabled).
+    The body is held outside the module tree. ``torch.compile`` does not trace it (its
+    saved-tensor hooks and backward-node hooks are what dynamo cannot compile): a compiled
+    model runs it eagerly, as planned, between its compiled parts."""
 
     def __init__(self, body: torch.fx.GraphModule) -> None:
         super().__init__()
@@ -42,8 +44,9 @@ class HookedBody(torch.nn.Module):
         """The hooks the body runs under (subclasses say which)."""
         raise NotImplementedError
 
+    @torch.compiler.disable
     def forward(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if not torch.is_grad_enabled():
             return self._body.forward(*args)
         with self.hooks():
             return self._body.forward(*args)
