@@ -93,9 +93,10 @@ class _Recipe:
             for d in sorted(devices)
             if torch.amp.is_autocast_available(d)
         ]
-        # a random op: the generators' state it draws from, as its forward call found it
-        cuda = sorted({t.device for t in leaves if t.device.type == "cuda"}, key=str)
-        self.rng = rng_states([torch.device("cpu"), *cuda]) if random else None
+        self.rng = None  # a random op's: the generators' state as its forward call found it
+        if random:
+            cuda = sorted({t.device for t in leaves if t.device.type == "cuda"}, key=str)
+            self.rng = rng_states([torch.device("cpu"), *cuda])
 
 
 class _Handle:
