@@ -64,8 +64,8 @@ OPTIMIZE_GAP = 0.05
 """``optimize``'s default ``gap`` for solver ``auto``: a schedule proven within 5% of the
 least extra compute returns at once (``auto`` alone and :func:`chkpt_opt.plan` keep 1%). On
 a Hugging Face Llama of 32 layers at its own checkpointing's peak the 1% gap was never met
-and the solve took 33.6 s of the 60 s default; at 5% it returns in 6.4 s with a plan 4.3%
-above the bound, stepping at 0.97 of HF checkpointing's time
+and the solve took 33.6 s of the 60 s default; at 5% it returns in 6.4 s with a plan within 5%
+of the bound, stepping at 0.97 of HF checkpointing's time
 (``benchmarks/results/plan_cost.md``, Runs 3 and 4); 5% of the recompute is about 1% of the
 step where recomputation costs a fifth of it."""
 
