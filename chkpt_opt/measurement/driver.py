@@ -29,16 +29,19 @@ from chkpt_opt.measurement.op_times import write_op_times
 from chkpt_opt.measurement.region_costs import measure_region_costs
 from chkpt_opt.measurement.step import device_of
 from chkpt_opt.measurement.workspace import add_unseen_workspaces
+from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 
 MEASURED = "measured-"
 """How the graph's ``cost_model`` and ``workspace_model`` begin once measured."""
 
 
-def measure_traced(traced: Traced, *, profile_times: bool) -> Traced:
+def measure_traced(
+    traced: Traced, *, profile_times: bool, deadline: Deadline = NO_DEADLINE
+) -> Traced:
     """Writes into ``traced.graph`` what is measured on the traced model's device (see the
     module docstring): the kernel workspace on CUDA, and with ``profile_times`` the op
-    times and the region costs. Returns ``traced`` (its graph checked again where
-    something was written).
+    times (in as many runs as ``deadline`` allows) and the region costs. Returns
+    ``traced`` (its graph checked again where something was written).
 
     Raises:
         TraceError: ``profile_times`` for a model on the meta device (nothing runs there).
@@ -50,7 +53,7 @@ def measure_traced(traced: Traced, *, profile_times: bool) -> Traced:
         add_unseen_workspaces(graph, traced.captured)
         written = True
     if profile_times and not _measured(attrs.get("cost_model")):
-        write_op_times(graph, traced.captured)
+        write_op_times(graph, traced.captured, deadline=deadline)
         written = True
     if profile_times and "region_overhead_s" not in attrs:
         device = device_of(traced.captured.module, traced.args)

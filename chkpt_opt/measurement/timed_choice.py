@@ -203,6 +203,10 @@ def fastest(
 OP_TIMING_SHARE = 0.5
 """Op timing starts only while less than this share of the planning's limit has passed."""
 
+OP_TIMING_END_SHARE = 0.6
+"""Op timing runs the model again only where the run would end before this share of the
+planning's limit (:func:`op_timing_deadline`): the solve gets the rest."""
+
 
 def op_timing_fits(deadline: Deadline) -> bool:
     """Whether op timing starts within ``deadline``: not once :data:`OP_TIMING_SHARE` of its
@@ -214,6 +218,12 @@ def op_timing_fits(deadline: Deadline) -> bool:
         log.info("op timing: skipped, the capture took the time limit; op times estimated")
         return False
     return True
+
+
+def op_timing_deadline(deadline: Deadline) -> Deadline:
+    """The deadline op timing's runs keep to (the first run always goes): at
+    :data:`OP_TIMING_END_SHARE` of the planning's ``deadline``."""
+    return deadline.share(OP_TIMING_END_SHARE)
 
 
 def wanted(graph: CostGraph, *, solver: str, sharded: bool) -> bool:
