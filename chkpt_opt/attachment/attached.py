@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from chkpt_opt.attachment.call_capture import CallCapture
 from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
 from chkpt_opt.attachment.call_key import CallKey, call_key
 from chkpt_opt.attachment.compiled_call import compiled_training_call
+from chkpt_opt.attachment.fetched_batches import fetch_watch, uncounted_fetch, watch_fetches
 from chkpt_opt.attachment.held_batches import held_batch_bytes, holding_batches
 from chkpt_opt.attachment.held_outputs import (
     dropping_outputs,
@@ -108,6 +110,10 @@ class Attachment:
     _planning: tuple[Deadline, dict[str, float]] | None = field(default=None, repr=False)
     last_runner: Runner | None = field(default=None, repr=False)
     """The runner of the latest training call."""
+    fetched_share: float = field(default=0.0, repr=False)
+    """The bytes of the batches the loop fetches during a step, as a share of a call's own
+    input bytes (observed at the start of backward passes, .fetched_batches)."""
+    _fetches_watched: set[CallKey] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         self.capture = CallCapture(self.model, self.own_forward, self.tracer)
@@ -123,9 +129,16 @@ class Attachment:
         with planned_autocast():  # autocast's weight cache off, as planned (.step_state)
             runner = self.runner_for(args, kwargs)
             self.last_runner = runner
+            fetches = None
+            if runner.key not in self._fetches_watched:  # once per runner (.fetched_batches)
+                self._fetches_watched.add(runner.key)
+                fetches = fetch_watch(self.model, (args, kwargs))
             out = runner.module(*args, **kwargs)
         if runner.watched:
             watch(out, runner.watched, self._observe_outputs)
+        if fetches is not None:
+            own_bytes = fetches.own_bytes
+            watch_fetches(out, fetches, lambda n: self._observe_fetches(runner, n, own_bytes))
         return out
 
     def call_own_forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -185,7 +198,12 @@ class Attachment:
         name = type(self.model).__name__
         log.info("chkpt_opt: capturing %s for a new input signature: %s", name, key.describe())
         self._planning = (Deadline.after(self.time_limit_s), {})  # one limit for every stage
-        held = held_batch_bytes(self.model, (args, kwargs))  # as the call finds them
+        own_bytes = fetch_watch(self.model, (args, kwargs)).own_bytes
+        # the other batches as the call finds them, and those the loop fetches in a step
+        held = (
+            held_batch_bytes(self.model, (args, kwargs)),
+            math.ceil(self.fetched_share * own_bytes),
+        )
         with stage("capture", *self._planning):
             traced = self.capture.measured(key, args, kwargs, self._planning[0])
             planned_before = key.family in self._planned_families  # a family that grows
@@ -197,10 +215,14 @@ class Attachment:
                 log.info("chkpt_opt: planning at the rounded-up sizes failed (%s)", err)
         return self._planned(key, traced, start, held)
 
-    def _planned(self, key: CallKey, traced: Traced, start: float, held_bytes: int) -> Runner:
+    def _planned(
+        self, key: CallKey, traced: Traced, start: float, batches: tuple[int, int]
+    ) -> Runner:
         """The runner for ``key``'s capture: a schedule reused, stored or solved, for a
-        step that holds ``held_bytes`` of other batches beside it (.held_batches)."""
+        step that holds ``sum(batches)`` bytes of other batches beside it: those alive at the
+        call (.held_batches) and those fetched during the step (.fetched_batches)."""
         self._planned_families.add(key.family)
+        held_bytes = sum(batches)
         if held_bytes:
             log.info(
                 "chkpt_opt: the loop holds %s of other batches beside this call's; planned "
@@ -257,6 +279,8 @@ class Attachment:
             drops_outputs=drops,
             watched=watched,
             program=tuple(program_ops(traced.captured.module)) if dims and dims.symbolic else None,
+            held_batch_bytes=held_bytes,
+            fetched_batch_bytes=batches[1],
         )
 
     def _profiles_times(self, graph: CostGraph) -> bool:
@@ -334,6 +358,15 @@ class Attachment:
             )
             self.outputs_held = False
 
+    def _observe_fetches(self, runner: Runner, alive_bytes: int, own_bytes: int) -> None:
+        """Counts a batch fetched during the step from now on; plans ``runner`` again
+        where it puts it over the budget (:func:`.fetched_batches.uncounted_fetch`)."""
+        extra, over = uncounted_fetch(runner, alive_bytes, self.budget.total_bytes, self.model)
+        if extra and own_bytes:
+            self.fetched_share += extra / own_bytes
+        for key in [k for k, r in self._runners.items() if r is runner and over]:
+            del self._runners[key]
+
     def _forget(self, *, drops_outputs: bool) -> None:
         """Drops the runners and schedules made for one assumption on the outputs."""
         for key in [k for k, r in self._runners.items() if r.droppable]:
@@ -359,6 +392,7 @@ class Attachment:
         state = dict(self.__dict__)
         state["_runners"] = OrderedDict()
         state["last_runner"] = None
+        state["_fetches_watched"] = set()
         return state
 
 

@@ -38,6 +38,9 @@ class Runner:
         program: for a capture with symbolic sizes, the value-computing ops of its program
             (:func:`~chkpt_opt.graphs.tracer.dynamic_dims.program_ops`), which a call with
             sizes of 1 must run too to be served by it (:mod:`.size_one`); else None.
+        held_batch_bytes: the bytes of other batches its plan counts resident beside the
+            call's own (:mod:`.held_batches`, :mod:`.fetched_batches`).
+        fetched_batch_bytes: the part of them for batches fetched during the step.
     """
 
     key: CallKey
@@ -50,6 +53,8 @@ class Runner:
     drops_outputs: bool = False
     watched: tuple[int, ...] = ()
     program: tuple[str, ...] | None = None
+    held_batch_bytes: int = 0
+    fetched_batch_bytes: int = 0
 
     @property
     def droppable(self) -> bool:

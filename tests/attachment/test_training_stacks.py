@@ -127,6 +127,7 @@ class _Stack:
     micro_batches: int = 1
     set_to_none: bool = True
     autocast: bool = False
+    prefetch: bool = False  # the next batch fetched between forward and backward (nanoGPT)
 
 
 STACKS = {
@@ -134,6 +135,7 @@ STACKS = {
     "accumulate": _Stack(micro_batches=2),
     "accumulate_zeroed": _Stack(micro_batches=2, set_to_none=False),
     "bf16_autocast": _Stack(autocast=True),
+    "prefetch": _Stack(micro_batches=2, prefetch=True),
 }
 
 
@@ -173,21 +175,32 @@ def _train(model: nn.Module, spec: _Model, stack: _Stack) -> tuple[list[int], li
     data = _batches(spec, STEPS * stack.micro_batches)
     peaks: list[int] = []
     losses: list[float] = []
+
+    def fetched(i: int) -> dict[str, torch.Tensor] | None:  # on the device from here
+        return {k: v.clone() for k, v in data[i].items()} if i < len(data) else None
+
+    batch = fetched(0) if stack.prefetch else None  # fetched before the loop, as nanoGPT
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=stack.set_to_none)
-        micro = data[step * stack.micro_batches : (step + 1) * stack.micro_batches]
-        alive = _bytes_alive(_state_tensors(model, optimizer))
+        first = step * stack.micro_batches
+        alive = _bytes_alive([*_state_tensors(model, optimizer), *(batch or {}).values()])
         with StorageTracker() as tracker:
-            for host_batch in micro:  # on the device while its micro-batch runs
-                batch = {name: value.clone() for name, value in host_batch.items()}
+            for i in range(first, first + stack.micro_batches):
+                if not stack.prefetch:  # on the device while its micro-batch runs
+                    batch = fetched(i)
+                assert batch is not None
                 if stack.autocast:  # the default weight cache; backward outside, as nanoGPT
                     with torch.autocast("cpu", dtype=torch.bfloat16):
                         loss = model(**batch)["loss"]
                 else:
                     loss = model(**batch)["loss"]
+                if stack.prefetch:
+                    batch = fetched(i + 1)
                 (loss / stack.micro_batches).backward()
                 losses.append(loss.item())
-                del loss, batch
+                del loss
+                if not stack.prefetch:
+                    batch = None
             optimizer.step()
         peaks.append(alive + tracker.peak_bytes)
     return peaks, losses, [p.grad for p in model.parameters()]
@@ -213,7 +226,12 @@ def _attached(original: nn.Module, budget: int) -> nn.Module:
 
 # One stack per model runs by default (a minute or two each on 2 cores); all of them with
 # -m slow.
-_DEFAULT = {("gpt", "accumulate"), ("gpt", "bf16_autocast"), ("llama", "accumulate_zeroed")}
+_DEFAULT = {
+    ("gpt", "accumulate"),
+    ("gpt", "bf16_autocast"),
+    ("gpt", "prefetch"),
+    ("llama", "accumulate_zeroed"),
+}
 CASES = [
     pytest.param(m, s, id=f"{m}-{s}", marks=() if (m, s) in _DEFAULT else pytest.mark.slow)
     for m in MODELS
@@ -243,6 +261,9 @@ def test_every_step_of_the_loop_fits_the_budget_of_per_block_checkpointing(
     accumulates = stack.micro_batches > 1 or not stack.set_to_none
     held = {r.key.grads_held for r in attachment.runners}
     assert held == ({False, True} if accumulates else {False})
+    # The next batch, fetched between the forward and the backward pass, is seen there
+    # (.fetched_batches) and counted by the plans made after.
+    assert attachment.fetched_share == (1.0 if stack.prefetch else 0.0)
 
 
 class _Tokens(torch.utils.data.Dataset):

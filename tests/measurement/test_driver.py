@@ -14,6 +14,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.measurement import driver, measure_traced
 from chkpt_opt.measurement.region_costs import RegionCosts
+from chkpt_opt.solvers.deadline import Deadline
 
 REGION_COSTS = RegionCosts(
     region_overhead_s=3e-4, cached_region_overhead_s=2e-4, cached_op_overhead_s=1e-5
@@ -35,7 +36,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     and counts their calls."""
     calls = {"op_times": 0, "region_costs": 0}
 
-    def write_op_times(graph: CostGraph, captured: Any) -> None:
+    def write_op_times(graph: CostGraph, captured: Any, *, deadline: Deadline) -> None:
         calls["op_times"] += 1
         for _, attrs in graph.nodes(data=True):
             attrs["fwd_time_s"] = OP_TIME_S

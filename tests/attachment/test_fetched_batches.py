@@ -1,0 +1,74 @@
+"""Batches the loop fetches during a step (chkpt_opt.attachment.fetched_batches): found in
+the loop's variables at the backward pass's start by the whole shape of a call's input, never
+the call's own, the model's, or one there at the call; counted in the plans made after, and
+a runner they put over the budget is planned again."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+import chkpt_opt
+from chkpt_opt.attachment.fetched_batches import fetch_watch, fetched_bytes, uncounted_fetch
+
+WIDTH = 64
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(4)])
+
+
+def test_only_a_tensor_shaped_as_an_input_and_new_since_the_call_counts() -> None:
+    model = nn.Embedding(100, WIDTH)
+    ids, labels = torch.randint(0, 100, (4, 16)), torch.randint(0, 100, (4, 16))
+    earlier = {"input_ids": torch.randint(0, 100, (4, 16))}  # alive at the call: not fetched
+    watch = fetch_watch(model, ((), {"input_ids": ids, "labels": labels}))
+    assert watch.own_bytes == ids.nbytes + labels.nbytes
+    assert fetched_bytes(watch) == 0
+    nxt = [torch.randint(0, 100, (4, 16)), torch.randint(0, 100, (4, 16))]  # fetched
+    longer = torch.randint(0, 100, (4, 24))  # another shape: not seen
+    floats = torch.rand(4, 16)  # another dtype
+    alias = ids[:]  # the call's own storage
+    model.weight.grad = torch.zeros_like(model.weight)  # the model's
+    assert fetched_bytes(watch) == sum(t.nbytes for t in nxt)
+    del earlier, longer, floats, alias
+
+
+def test_a_fetch_that_puts_a_runner_over_the_budget_is_planned_again() -> None:
+    model = _mlp()
+    x = torch.randn(32, WIDTH)
+    chkpt_opt.optimize(model, budget=10**12, optimizer=None, profile_times=False)
+    model(x).sum().backward()
+    (runner,) = chkpt_opt.attachment_of(model).runners
+    budget = runner.predicted_peak_bytes + 100
+    assert uncounted_fetch(runner, 100, budget, model) == (100, False)
+    assert uncounted_fetch(runner, 101, budget, model) == (101, True)
+    counted = dataclasses.replace(runner, fetched_batch_bytes=101)
+    assert uncounted_fetch(counted, 101, budget, model) == (0, False)
+
+
+def test_a_loop_that_fetches_the_next_batch_mid_step_gets_it_counted() -> None:
+    def loop(prefetch: bool) -> chkpt_opt.attachment.Attachment:
+        model = _mlp()
+        chkpt_opt.optimize(model, budget=10**12, optimizer=None, profile_times=False)
+        x = torch.randn(32, WIDTH)
+        for _ in range(3):  # gradients accumulate: the second call is another key
+            out = model(x).sum()
+            if prefetch:
+                x = torch.randn(32, WIDTH)  # the next batch, fetched before the backward
+            out.backward()
+        return chkpt_opt.attachment_of(model)
+
+    plain, fetching = loop(False), loop(True)
+    assert plain.fetched_share == 0.0
+    assert [r.fetched_batch_bytes for r in plain.runners] == [0, 0]
+    # seen at the first backward (its plan still fits: it keeps serving); the plan made
+    # for the next call counts one batch more, resident
+    assert fetching.fetched_share == 1.0
+    first, second = fetching.runners
+    assert (first.fetched_batch_bytes, second.fetched_batch_bytes) == (0, 32 * WIDTH * 4)
+    (plain_second,) = [r for r in plain.runners if r.key.grads_held]
+    assert second.resident_bytes - plain_second.resident_bytes == 32 * WIDTH * 4
