@@ -16,9 +16,9 @@ from chkpt_opt.attachment.fetched_batches import fetch_watch, fetched_bytes, unc
 WIDTH = 64
 
 
-def _mlp() -> nn.Module:
+def _mlp(depth: int = 4) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(4)])
+    return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(depth)])
 
 
 def test_only_a_tensor_shaped_as_an_input_and_new_since_the_call_counts() -> None:
@@ -72,3 +72,29 @@ def test_a_loop_that_fetches_the_next_batch_mid_step_gets_it_counted() -> None:
     assert (first.fetched_batch_bytes, second.fetched_batch_bytes) == (0, 32 * WIDTH * 4)
     (plain_second,) = [r for r in plain.runners if r.key.grads_held]
     assert second.resident_bytes - plain_second.resident_bytes == 32 * WIDTH * 4
+
+
+def test_a_plan_the_fetch_puts_over_the_budget_is_made_again_counting_it() -> None:
+    def loop(model: nn.Module, steps: int) -> None:
+        x = torch.randn(256, WIDTH)
+        for _ in range(steps):
+            model.zero_grad(set_to_none=True)  # one key: the same runner each step
+            out = model(x).sum()
+            x = torch.randn(256, WIDTH)  # the next batch, fetched before the backward
+            out.backward()
+
+    probe = _mlp(8)
+    chkpt_opt.optimize(probe, budget=10**12, optimizer=None, profile_times=False)
+    loop(probe, 1)
+    (keep_all,) = chkpt_opt.attachment_of(probe).runners
+    model = _mlp(8)  # a budget that keeping everything meets to the byte
+    chkpt_opt.optimize(
+        model, budget=keep_all.predicted_peak_bytes, optimizer=None, profile_times=False
+    )
+    loop(model, 3)
+    attachment = chkpt_opt.attachment_of(model)
+    (runner,) = attachment.runners
+    assert attachment.stats.captures == 2  # the first plan, over by the fetch, made again
+    assert runner.fetched_batch_bytes == 256 * WIDTH * 4
+    assert runner.predicted_peak_bytes <= keep_all.predicted_peak_bytes
+    assert runner.schedule != keep_all.schedule  # it recomputes to make room
