@@ -9,7 +9,8 @@ alive yet, and a plan that uses the budget to the byte runs over it by the batch
 
 :func:`watch_fetches` looks once per runner, at the start of the backward pass (a hook on
 the tensors the step differentiates), at the variables of the loop: the local variables of
-the calling frames outside torch and chkpt_opt (a module-level script's are its globals),
+the frames of the thread that called the model, outside torch and chkpt_opt (a module-level
+script's are its globals; on CUDA the hook runs on autograd's device thread),
 and the tensors in the mappings, lists and tuples they hold (two levels, up to
 :data:`MAX_ITEMS` items each). A tensor there with the dtype, the device and the whole
 shape of one of the call's own inputs that was not among those variables at the call, nor
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,11 +57,14 @@ class FetchWatch:
             and gradients, and of the tensors of those shapes in the loop's variables, at
             the call.
         own_bytes: bytes of the call's own tensor inputs (each storage once).
+        thread: the thread that made the call (the loop's: a backward pass on CUDA runs
+            its hooks on autograd's device threads, whose stacks hold no loop).
     """
 
     shapes: frozenset[tuple[Any, ...]]
     before: frozenset[int]
     own_bytes: int
+    thread: int
 
 
 def fetch_watch(model: torch.nn.Module, call_inputs: Any) -> FetchWatch:
@@ -73,14 +78,15 @@ def fetch_watch(model: torch.nn.Module, call_inputs: Any) -> FetchWatch:
         before.add(_ptr(tensor))
         if tensor.grad is not None:
             before.add(_ptr(tensor.grad))
-    before |= set(_batches_in_loop(shapes))
-    return FetchWatch(shapes, frozenset(before), sum(storages.values()))
+    thread = threading.get_ident()
+    before |= set(_batches_in_loop(shapes, thread))
+    return FetchWatch(shapes, frozenset(before), sum(storages.values()), thread)
 
 
 def fetched_bytes(watch: FetchWatch) -> int:
     """Bytes (each storage once) of the tensors in the loop's variables now shaped as the
     call's inputs that were not there at the call (see the module docstring)."""
-    found = _batches_in_loop(watch.shapes)
+    found = _batches_in_loop(watch.shapes, watch.thread)
     return sum(nbytes for ptr, nbytes in found.items() if ptr not in watch.before)
 
 
@@ -124,13 +130,13 @@ def uncounted_fetch(
     return extra, over
 
 
-def _batches_in_loop(shapes: frozenset[tuple[Any, ...]]) -> dict[int, int]:
-    """Storage address -> bytes of the tensors of ``shapes`` in the loop's variables that
-    do not require grad."""
+def _batches_in_loop(shapes: frozenset[tuple[Any, ...]], thread: int) -> dict[int, int]:
+    """Storage address -> bytes of the tensors of ``shapes`` in the variables of the loop
+    running on ``thread`` that do not require grad."""
     found: dict[int, int] = {}
     if not shapes:
         return found
-    for value in _loop_values():
+    for value in _loop_values(thread):
         if (
             type(value) is torch.Tensor
             and not value.requires_grad
@@ -142,10 +148,10 @@ def _batches_in_loop(shapes: frozenset[tuple[Any, ...]]) -> dict[int, int]:
     return found
 
 
-def _loop_values() -> Iterator[Any]:
-    """The values of the local variables of the calling frames outside the libraries, and
+def _loop_values(thread: int) -> Iterator[Any]:
+    """The values of the local variables of ``thread``'s frames outside the libraries, and
     the items of the containers among them, two levels deep."""
-    frame = sys._getframe(1)
+    frame = sys._current_frames().get(thread)
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
         if module.split(".")[0] not in _LIBRARIES:

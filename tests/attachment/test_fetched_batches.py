@@ -6,6 +6,7 @@ a runner they put over the budget is planned again."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import torch
 from torch import nn
@@ -34,6 +35,12 @@ def test_only_a_tensor_shaped_as_an_input_and_new_since_the_call_counts() -> Non
     alias = ids[:]  # the call's own storage
     model.weight.grad = torch.zeros_like(model.weight)  # the model's
     assert fetched_bytes(watch) == sum(t.nbytes for t in nxt)
+    # From another thread, as autograd runs a CUDA backward's hooks: still this loop's.
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(fetched_bytes(watch)))
+    worker.start()
+    worker.join()
+    assert seen == [sum(t.nbytes for t in nxt)]
     del earlier, longer, floats, alias
 
 
