@@ -27,6 +27,7 @@ from chkpt_opt.solvers.auto.early import EARLY_MIN_OPS, early_result, proven_inf
 from chkpt_opt.solvers.auto.keep_set import NO_FIT_KEEP_SET_SHARE, keep_set_result
 from chkpt_opt.solvers.base import SolveResult
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
+from chkpt_opt.solvers.bounds.timed_bound import with_timed_bound
 from chkpt_opt.solvers.cached.cache_rounding import cache_rounding
 from chkpt_opt.solvers.deadline import Deadline
 from chkpt_opt.solvers.interval.prepare import DEFAULT_MAX_POSITIONS
@@ -130,6 +131,8 @@ class AutoSolver:
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         deadline = Deadline.after(limit)
         cover = recompute_bound(graph, budget_bytes, deadline=deadline.share(BOUND_SHARE))
+        # on small graphs, raised to the time-indexed bound where that is higher
+        cover = with_timed_bound(graph, budget_bytes, cover, deadline.share(BOUND_SHARE))
         big = graph.number_of_nodes() > EARLY_MIN_OPS
         if cover.proves_infeasible and budget_bytes > 0 and big:
             return proven_infeasible(graph, budget_bytes, cover, deadline, self.name)

@@ -103,6 +103,9 @@ class RecomputeBound:
         recompute_share: op -> its ``r`` in the LP's solution (how much of it the
             relaxation recomputes), for the ops the LP holds; what
             :mod:`~chkpt_opt.solvers.keepset.bound_rounding` rounds into a schedule.
+        timed_bound_s: the time-indexed bound, where one was solved
+            (:func:`~chkpt_opt.solvers.bounds.timed_bound.with_timed_bound`: ``bound_s`` is
+            then the larger of the two).
     """
 
     bound_s: float | None
@@ -112,15 +115,18 @@ class RecomputeBound:
     complete: bool
     solve_s: float
     recompute_share: Mapping[str, float] = field(default_factory=dict)
+    timed_bound_s: float | None = None
 
     def summary(self) -> dict[str, object]:
         """What the bound found, as solver stats (``stats["recompute_bound"]``)."""
+        timed = {} if self.timed_bound_s is None else {"timed_bound_s": self.timed_bound_s}
         return {
             "bound_s": self.bound_s,
             "floor_bytes": self.floor_bytes,
             "steps": self.steps,
             "complete": self.complete,
             "solve_s": self.solve_s,
+            **timed,
         }
 
 
@@ -177,6 +183,11 @@ def recompute_bound(
         while len(_memo) > MEMO_SIZE:
             _memo.popitem(last=False)
     return found
+
+
+def keep_all_rows(graph: CostGraph, deadline: Deadline = NO_DEADLINE) -> KeepAllRows:
+    """The rows of ``graph``'s keep-all sequence, remembered as the bound's are."""
+    return _keep_all_rows(graph, _content_key(graph), deadline)
 
 
 def _keep_all_rows(graph: CostGraph, content: str, deadline: Deadline) -> KeepAllRows:
