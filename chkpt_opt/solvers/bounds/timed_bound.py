@@ -66,8 +66,9 @@ MAX_VARIABLES = 2_000_000
 
 AUTO_MAX_VARIABLES = 40_000
 """``auto`` adds the bound where its program has at most this many alive-or-not variables
-(:func:`with_timed_bound`): 0.05-0.4 s on graphs of 47-106 ops, where at 384 ops (115,000
-variables) it took 10-12 s and came out below the recompute bound on a Llama."""
+(:func:`with_timed_bound`): a 156-op Llama's (15,241) solve in 0.3-0.5 s, a 384-op one's
+(114,799) in 9.6-9.7 s, and on both it came out below the recompute bound
+(``benchmarks/results/bound_looseness/results_timed.jsonl``)."""
 
 
 @dataclass(frozen=True)
