@@ -131,9 +131,10 @@ class AutoSolver:
         limit = self.default_time_limit_s if time_limit_s is None else time_limit_s
         deadline = Deadline.after(limit)
         cover = recompute_bound(graph, budget_bytes, deadline=deadline.share(BOUND_SHARE))
-        # on small graphs, raised to the time-indexed bound where that is higher
-        cover = with_timed_bound(graph, budget_bytes, cover, deadline.share(BOUND_SHARE))
         big = graph.number_of_nodes() > EARLY_MIN_OPS
+        if big:  # raised to the time-indexed bound where higher (small graphs: the staged
+            # program's bound holds over every schedule there)
+            cover = with_timed_bound(graph, budget_bytes, cover, deadline.share(BOUND_SHARE))
         if cover.proves_infeasible and budget_bytes > 0 and big:
             return proven_infeasible(graph, budget_bytes, cover, deadline, self.name)
         if not self.general:

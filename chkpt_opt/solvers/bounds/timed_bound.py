@@ -229,11 +229,8 @@ class _Program:
                 )
                 if fresh:
                     made_rec.append((t_owner, p))
-        # objective
-        objective = self.solver.Objective()
-        for (o, _), var in self.rec.items():
-            objective.SetCoefficient(var, float(rows.fwd_time_s[o]))
-        objective.SetMinimization()
+        # objective: each recomputation's forward time (set as each ``rec`` is made)
+        self.solver.Objective().SetMinimization()
 
     @property
     def n_variables(self) -> int:
@@ -241,7 +238,9 @@ class _Program:
 
     def _rec(self, op: int, p: int) -> pywraplp.Variable:
         if (op, p) not in self.rec:
-            self.rec[op, p] = self.solver.NumVar(0.0, 1.0, "")
+            var = self.solver.NumVar(0.0, 1.0, "")
+            self.solver.Objective().SetCoefficient(var, float(self.rows.fwd_time_s[op]))
+            self.rec[op, p] = var
         return self.rec[op, p]
 
     def _at_least(self, value: float, *terms: tuple[pywraplp.Variable, float]) -> None:
