@@ -39,7 +39,12 @@ from chkpt_opt.attachment.call_capture import CallCapture
 from chkpt_opt.attachment.call_inputs import measures_times, training_kwargs
 from chkpt_opt.attachment.call_key import CallKey, call_key
 from chkpt_opt.attachment.compiled_call import compiled_training_call
-from chkpt_opt.attachment.fetched_batches import fetch_watch, uncounted_fetch, watch_fetches
+from chkpt_opt.attachment.fetched_batches import (
+    fetch_watch,
+    input_bytes,
+    uncounted_fetch,
+    watch_fetches,
+)
 from chkpt_opt.attachment.held_batches import held_batch_bytes, holding_batches
 from chkpt_opt.attachment.held_outputs import (
     dropping_outputs,
@@ -198,11 +203,10 @@ class Attachment:
         name = type(self.model).__name__
         log.info("chkpt_opt: capturing %s for a new input signature: %s", name, key.describe())
         self._planning = (Deadline.after(self.time_limit_s), {})  # one limit for every stage
-        own_bytes = fetch_watch(self.model, (args, kwargs)).own_bytes
         # the other batches as the call finds them, and those the loop fetches in a step
         held = (
             held_batch_bytes(self.model, (args, kwargs)),
-            math.ceil(self.fetched_share * own_bytes),
+            math.ceil(self.fetched_share * input_bytes((args, kwargs))),
         )
         with stage("capture", *self._planning):
             traced = self.capture.measured(key, args, kwargs, self._planning[0])
@@ -364,8 +368,9 @@ class Attachment:
         extra, over = uncounted_fetch(runner, alive_bytes, self.budget.total_bytes, self.model)
         if extra and own_bytes:
             self.fetched_share += extra / own_bytes
-        for key in [k for k, r in self._runners.items() if r is runner and over]:
-            del self._runners[key]
+        if over:
+            for key in [k for k, r in self._runners.items() if r is runner]:
+                del self._runners[key]
 
     def _forget(self, *, drops_outputs: bool) -> None:
         """Drops the runners and schedules made for one assumption on the outputs."""

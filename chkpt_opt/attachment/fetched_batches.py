@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from chkpt_opt.attachment.held_batches import model_storages, storage_ptr
 from chkpt_opt.attachment.runner import Runner
 from chkpt_opt.graphs.tracer.step_outputs import grad_outputs
 from chkpt_opt.step_budget.budget import format_bytes
@@ -69,18 +70,23 @@ class FetchWatch:
 
 def fetch_watch(model: torch.nn.Module, call_inputs: Any) -> FetchWatch:
     """The :class:`FetchWatch` of a call to ``model`` with ``call_inputs``, at the call."""
-    own = [v for v in tree_flatten(call_inputs)[0] if isinstance(v, torch.Tensor)]
-    own = [t for t in own if t.dim() > 0]
-    storages = {_ptr(t): t.untyped_storage().nbytes() for t in own}
+    own = _own_tensors(call_inputs)
+    storages = {storage_ptr(t): t.untyped_storage().nbytes() for t in own}
     shapes = frozenset((t.dtype, t.device, tuple(t.shape)) for t in own)
-    before = set(storages)
-    for tensor in (*model.parameters(), *model.buffers()):
-        before.add(_ptr(tensor))
-        if tensor.grad is not None:
-            before.add(_ptr(tensor.grad))
     thread = threading.get_ident()
-    before |= set(_batches_in_loop(shapes, thread))
+    before = set(storages) | model_storages(model) | set(_batches_in_loop(shapes, thread))
     return FetchWatch(shapes, frozenset(before), sum(storages.values()), thread)
+
+
+def input_bytes(call_inputs: Any) -> int:
+    """Bytes of a call's own tensor inputs, each storage once (:attr:`FetchWatch.own_bytes`)."""
+    return sum(
+        {storage_ptr(t): t.untyped_storage().nbytes() for t in _own_tensors(call_inputs)}.values()
+    )
+
+
+def _own_tensors(call_inputs: Any) -> list[torch.Tensor]:
+    return [v for v in tree_flatten(call_inputs)[0] if isinstance(v, torch.Tensor) and v.dim() > 0]
 
 
 def fetched_bytes(watch: FetchWatch) -> int:
@@ -142,7 +148,7 @@ def _batches_in_loop(shapes: frozenset[tuple[Any, ...]], thread: int) -> dict[in
             and not value.requires_grad
             and (value.dtype, value.device, tuple(value.shape)) in shapes
         ):
-            ptr = _ptr(value)
+            ptr = storage_ptr(value)
             if ptr:
                 found[ptr] = value.untyped_storage().nbytes()
     return found
@@ -171,10 +177,3 @@ def _items(value: Any) -> list[Any]:
     else:
         return []
     return list(values) if len(values) <= MAX_ITEMS else []
-
-
-def _ptr(tensor: torch.Tensor) -> int:
-    try:
-        return int(tensor.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
-        return 0

@@ -40,18 +40,14 @@ def held_batch_bytes(model: torch.nn.Module, call_inputs: Iterable[Any]) -> int:
     looks = {(t.dtype, t.device, t.dim(), t.shape[0]) for t in own if t.dim() > 0}
     if not looks:
         return 0
-    known = {_storage_ptr(t) for t in own}
-    for tensor in (*model.parameters(), *model.buffers()):
-        known.add(_storage_ptr(tensor))
-        if tensor.grad is not None:
-            known.add(_storage_ptr(tensor.grad))
+    known = {storage_ptr(t) for t in own} | model_storages(model)
     held: dict[int, int] = {}
     for obj in gc.get_objects():
         if type(obj) is not torch.Tensor or obj.requires_grad or obj.dim() == 0:
             continue
         if (obj.dtype, obj.device, obj.dim(), obj.shape[0]) not in looks:
             continue
-        ptr = _storage_ptr(obj)
+        ptr = storage_ptr(obj)
         if ptr and ptr not in known:
             held[ptr] = obj.untyped_storage().nbytes()
     return sum(held.values())
@@ -69,7 +65,17 @@ def holding_batches(graph: CostGraph, nbytes: int) -> CostGraph:
     return copy
 
 
-def _storage_ptr(tensor: torch.Tensor) -> int:
+def model_storages(model: torch.nn.Module) -> set[int]:
+    """The storage addresses of ``model``'s parameters, buffers and gradients now."""
+    known = set()
+    for tensor in (*model.parameters(), *model.buffers()):
+        known.add(storage_ptr(tensor))
+        if tensor.grad is not None:
+            known.add(storage_ptr(tensor.grad))
+    return known
+
+
+def storage_ptr(tensor: torch.Tensor) -> int:
     """The address of a tensor's storage (0 where it has none, as a fake tensor)."""
     try:
         return int(tensor.untyped_storage().data_ptr())

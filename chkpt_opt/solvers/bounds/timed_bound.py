@@ -10,17 +10,20 @@ own backward reads are priced as one, though the first must be held from the one
 the other (memory at every step between) or made twice. Every multi-level schedule looks as
 cheap as recomputing each op once.
 
-Here the steps of the keep-all sequence cut the step into intervals, and, over the steps
-``p`` at which a forward storage ``s`` is kept (alive under keep-all, neither made nor read
-by the step, read by a later backward op), with ``a[s, p]`` (an instance of ``s`` is alive
-at step ``p``) and ``rec[o, p]`` (op ``o`` is recomputed between steps ``p - 1`` and ``p``),
-all in ``[0, 1]``::
+Here the steps of the keep-all sequence cut the step into intervals. For each forward
+storage ``s`` and each step ``p`` at which some schedule may have an instance of it or not
+(after its owner's forward step and its last forward reader, up to the last step a read of
+it may still be needed: its own last backward read, or the last of what a reader of it
+makes, which a recomputation of that reader needs; the steps that read ``s``, where it is
+alive in every schedule, left out), ``a[s, p]`` says an instance of ``s`` is alive at ``p``;
+``rec[o, p]`` says op ``o`` is recomputed between steps ``p - 1`` and ``p``; all in
+``[0, 1]``::
 
     minimize  sum_{o, p} fwd_time_s[o] * rec[o, p]
     subject to
-        rec[owner(s), p] >= a[s, p] - a[s, p - 1]      s kept at p and at p - 1
-        rec[owner(s), p] >= 1 - a[s, p - 1]            s kept at p - 1 and read at p
-        rec[owner(t), p] >= rec[o, p] - a[t, p - 1]    o reads t, t kept at p - 1
+        rec[owner(s), p] >= a[s, p] - a[s, p - 1]      a[s, p] and a[s, p - 1] exist
+        rec[owner(s), p] >= 1 - a[s, p - 1]            a[s, p - 1] exists, p reads s
+        rec[owner(t), p] >= rec[o, p] - a[t, p - 1]    o reads t, a[t, p - 1] exists
         fixed[p] + sum_s bytes[s] * a[s, p] <= budget  steps p over the budget under keep-all
 
 Every schedule that fits maps to it: ``a`` as its instances' lifetimes at the steps of the
@@ -29,18 +32,18 @@ where it recomputes ``o`` in that interval. A storage that was not alive at ``p 
 alive at ``p`` (or read there) was made in between, by a recomputation of its owner; a
 recomputation reads its inputs, alive at ``p - 1`` or made in the interval too; the bytes
 alive at a step are at least those the row counts (the transients of recomputations are
-not counted, and an input kept at ``p - 1`` may have been freed before the step: both
+not counted, and an input alive at ``p - 1`` may have been freed before the step: both
 relax). Each interval's recomputation of ``o`` costs ``fwd_time_s[o]`` at least once, so
 the optimum is at most the schedule's recompute time: a lower bound over every schedule
 the lowering executes, staged ones (an op recomputed at several stages) included, as the
-recompute bound's is. Where a storage is neither kept nor fixed at ``p - 1`` (freed under
-keep-all), nothing is said of it. A storage larger than what the budget leaves at a step is
-dead there, as in the recompute bound.
+recompute bound's is. Where ``a[t, p - 1]`` does not exist (``t`` alive there in every
+schedule, or past its range), nothing is said of ``t``. A storage larger than what the
+budget leaves at a step is dead there, as in the recompute bound.
 
-The program has a variable per kept storage and step, and per op and interval where one is
-needed: it suits graphs of a few hundred ops (:data:`MAX_VARIABLES`). Its optimum is not
-always above the recompute bound's (which counts the closure of every recomputation at
-once), so :func:`timed_bound` reports both and their maximum.
+The program has a variable per storage and step of its range, and per op and interval
+where one is needed: it suits graphs of a few hundred ops (:data:`MAX_VARIABLES`). Its
+optimum is not always above the recompute bound's (which counts the closure of every
+recomputation at once), so :func:`with_timed_bound` keeps both and takes the larger.
 """
 
 from __future__ import annotations
@@ -112,11 +115,12 @@ def timed_bound(
     over = [r for r in rows.rows if r.during_bytes > budget_bytes]
     if not over:
         return TimedBound(0.0, False, 0, clock.elapsed_s())
-    ranges = _alive_ranges(rows)
+    reads_at = _reads_at(rows)
+    ranges = _alive_ranges(rows, reads_at)
     pairs = sum(len(steps) for steps in ranges.values())
     if pairs > max_variables:
         return TimedBound(None, False, 0, clock.elapsed_s(), f"{pairs} variables: not built")
-    program = _Program(rows, budget_bytes, ranges)
+    program = _Program(rows, budget_bytes, ranges, reads_at)
     for row in over:
         program.memory(row.position, row.fixed_bytes)
     value = program.solve(deadline)
@@ -142,24 +146,21 @@ def with_timed_bound(
     )
 
 
-def _alive_ranges(rows: KeepAllRows) -> dict[int, list[int]]:
-    """Storage -> the steps at which some schedule may have an instance of it or not:
-    after its owner's forward step and its last forward reader, up to its horizon (its own
-    last backward read, or the last of what a reader of it makes: a recomputation of that
-    reader needs it), the steps that read it left out (alive there in every schedule)."""
+def _alive_ranges(rows: KeepAllRows, reads_at: dict[int, set[int]]) -> dict[int, list[int]]:
+    """Storage -> the steps of its ``a`` variables (see the module docstring);
+    ``reads_at``: :func:`_reads_at`."""
     owner = rows.storage_owner
     n_steps = len(rows.rows)
-    needed = np.full(len(owner), -1, dtype=np.int64)
+    needed = np.full(len(owner), -1, dtype=np.int64)  # the step of its last backward read
     for row in rows.rows:
         needed[row.kept] = row.position + 1
+    made_needed = np.full(len(rows.ops), -1, dtype=np.int64)  # op -> what it makes, needed
+    owned = owner >= 0
+    np.maximum.at(made_needed, owner[owned], needed[owned])
     horizon = needed.copy()
-    for op, storage in zip(rows.read_op.tolist(), rows.read_storage.tolist()):
-        made = np.flatnonzero(owner == op)
-        if made.size:
-            horizon[storage] = max(horizon[storage], int(needed[made].max()))
-    reads_at = {p: set(r.tolist()) for p, r in rows.read_now.items()}
+    np.maximum.at(horizon, rows.read_storage, made_needed[rows.read_op])
     ranges: dict[int, list[int]] = {}
-    for s in np.flatnonzero((owner >= 0) & (horizon >= 0)).tolist():
+    for s in np.flatnonzero(owned & (horizon >= 0)).tolist():
         first = int(max(rows.made_at[s], rows.forward_end[s])) + 1
         steps = [
             p
@@ -171,10 +172,21 @@ def _alive_ranges(rows: KeepAllRows) -> dict[int, list[int]]:
     return ranges
 
 
+def _reads_at(rows: KeepAllRows) -> dict[int, set[int]]:
+    """Step -> the storages its backward op reads."""
+    return {p: set(r.tolist()) for p, r in rows.read_now.items()}
+
+
 class _Program:
     """The LP of the module docstring (HiGHS through OR-Tools)."""
 
-    def __init__(self, rows: KeepAllRows, budget_bytes: int, ranges: dict[int, list[int]]) -> None:
+    def __init__(
+        self,
+        rows: KeepAllRows,
+        budget_bytes: int,
+        ranges: dict[int, list[int]],
+        reads_at: dict[int, set[int]],
+    ) -> None:
         # data
         self.rows, self.budget_bytes = rows, budget_bytes
         owner = rows.storage_owner
@@ -184,14 +196,12 @@ class _Program:
         self.bytes = {int(t): int(b) for t, b in enumerate(rows.owned_bytes.tolist())}
         for row in rows.rows:
             self.bytes.update(zip(row.kept.tolist(), row.kept_bytes.tolist()))
-        reads_at = {p: set(r.tolist()) for p, r in rows.read_now.items()}
         self.solver = pywraplp.Solver.CreateSolver("HIGHS")
         self.solver.SetSolverSpecificParametersAsString("output_flag false")
         self.solver.SetNumThreads(1)
         self.inf = self.solver.infinity()
         # variables
-        # a[s, p]: an instance of storage s is alive at step p (where some schedule may
-        # have it or not: after its last forward reader, before its horizon, not read by p)
+        # a[s, p]: an instance of storage s is alive at step p (over its range)
         self.a: dict[tuple[int, int], pywraplp.Variable] = {}
         self.open: dict[int, list[int]] = {}  # step -> the storages with a variable there
         for s, steps in ranges.items():
@@ -220,7 +230,7 @@ class _Program:
             done.add((o, p))
             for t in self.inputs.get(o, ()):
                 before = self.a.get((t, p - 1))
-                if before is None:  # alive at p - 1 under every schedule
+                if before is None:  # alive at p - 1 in every schedule, or past its range
                     continue
                 t_owner = int(owner[t])
                 fresh = (t_owner, p) not in self.rec
