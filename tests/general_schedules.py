@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.memory_model.schedule import (
@@ -10,6 +11,7 @@ from chkpt_opt.memory_model.schedule import (
     cache_candidates,
     cut_positions,
 )
+from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 
 
 def random_general_schedule(
@@ -42,3 +44,14 @@ def random_general_schedule(
     )
     saved = frozenset(n for n in cache_candidates(graph, schedule) if rng.random() < cache_share)
     return Schedule(regions=schedule.regions, nested=schedule.nested, saved=saved)
+
+
+def schedules_and_profiles(
+    graph: CostGraph, count: int, *, seed: int = 7
+) -> Iterator[tuple[Schedule, MemoryProfile]]:
+    """``count`` random general schedules of ``graph`` (every third caching nothing) with
+    their simulated profiles: each is a schedule that fits a budget of its own peak."""
+    rng = random.Random(seed)
+    for k in range(count):
+        schedule = random_general_schedule(graph, rng, cache_share=0.0 if k % 3 == 0 else 0.3)
+        yield schedule, simulate(graph, schedule)

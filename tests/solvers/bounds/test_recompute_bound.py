@@ -4,7 +4,6 @@ cached), close to the proven optimum where one is known, within its deadline, an
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
@@ -17,8 +16,9 @@ from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver, smallest_peak
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
+from chkpt_opt.solvers.bounds.timed_bound import timed_bound
 from chkpt_opt.solvers.deadline import Deadline
-from tests.general_schedules import random_general_schedule
+from tests.general_schedules import schedules_and_profiles
 from tests.reference.general_enumerate import general_optimum, general_smallest_peak
 
 CORPUS = Path(__file__).resolve().parents[3] / "graphs"
@@ -28,10 +28,7 @@ SLACK = 1e-12
 @pytest.mark.parametrize("name", ["gpt_small", "resnet_small", "unet_small", "vit_small"])
 def test_the_bound_is_below_the_cost_of_random_schedules_at_their_own_peak(name: str) -> None:
     graph = load_graph(CORPUS / f"{name}.json")
-    rng = random.Random(7)
-    for k in range(12):
-        schedule = random_general_schedule(graph, rng, cache_share=0.0 if k % 3 == 0 else 0.3)
-        profile = simulate(graph, schedule)
+    for k, (schedule, profile) in enumerate(schedules_and_profiles(graph, 12)):
         bound = recompute_bound(graph, profile.peak_bytes)
         assert bound.floor_bytes <= profile.peak_bytes
         assert not bound.proves_infeasible
@@ -62,17 +59,20 @@ def test_the_bound_is_below_the_exact_keep_set_optimum_on_random_dags(seed: int)
     [chain_graph(4, activation_bytes=1000), random_dag(4, seed=0, skip_prob=0.4, max_inputs=3)],
     ids=["chain4", "dag4"],
 )
-def test_the_bound_holds_beyond_keep_set_against_brute_force(graph: CostGraph) -> None:
+def test_the_bounds_hold_beyond_keep_set_against_brute_force(graph: CostGraph) -> None:
+    """The recompute bound and the time-indexed one, against one brute-force optimum."""
     keep_all = simulate(graph, Schedule()).peak_bytes
     assert recompute_bound(graph, keep_all).floor_bytes <= general_smallest_peak(graph)
     for fraction in (0.85, 0.65):
         budget = int(keep_all * fraction)
         best = general_optimum(graph, budget)
         bound = recompute_bound(graph, budget)
+        timed = timed_bound(graph, budget)
         if best is None:
             continue
         assert not bound.proves_infeasible
         assert bound.bound_s is not None and bound.bound_s <= best[1].recompute_s + SLACK
+        assert timed.bound_s is not None and timed.bound_s <= best[1].recompute_s + SLACK
 
 
 def test_the_bound_is_close_to_the_proven_optimum_at_a_loose_budget() -> None:

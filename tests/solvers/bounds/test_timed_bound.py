@@ -1,15 +1,14 @@
 """The time-indexed bound: never above the cost of any schedule that fits (random general
-schedules, exact staged optima, brute force), and tight where the recompute bound prices
-multi-level schedules as one recomputation per op (a chain below its square-root budget)."""
+schedules, exact staged optima; brute force beside the recompute bound, in
+test_recompute_bound.py), and tight where the recompute bound prices multi-level schedules
+as one recomputation per op (a chain below its square-root budget)."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.memory_model.schedule import Schedule
@@ -17,8 +16,7 @@ from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.bounds.timed_bound import timed_bound
-from tests.general_schedules import random_general_schedule
-from tests.reference.general_enumerate import general_optimum
+from tests.general_schedules import schedules_and_profiles
 
 CORPUS = Path(__file__).resolve().parents[3] / "graphs"
 SLACK = 1e-12
@@ -27,10 +25,7 @@ SLACK = 1e-12
 @pytest.mark.parametrize("name", ["gpt_small", "vit_small"])
 def test_the_bound_is_below_the_cost_of_random_schedules_at_their_own_peak(name: str) -> None:
     graph = load_graph(CORPUS / f"{name}.json")
-    rng = random.Random(7)
-    for k in range(8):
-        schedule = random_general_schedule(graph, rng, cache_share=0.0 if k % 3 == 0 else 0.3)
-        profile = simulate(graph, schedule)
+    for k, (schedule, profile) in enumerate(schedules_and_profiles(graph, 8)):
         bound = timed_bound(graph, profile.peak_bytes)
         assert not bound.proves_infeasible and bound.bound_s is not None
         assert bound.bound_s <= profile.recompute_s + SLACK, (k, schedule)
@@ -51,22 +46,6 @@ def test_the_bound_is_below_the_staged_optimum_on_random_dags(seed: int) -> None
         if staged.feasible:
             assert bound.bound_s is not None
             assert bound.bound_s <= staged.objective + SLACK, (fraction, staged.status)
-
-
-@pytest.mark.parametrize(
-    "graph",
-    [chain_graph(4, activation_bytes=1000), random_dag(4, seed=0, skip_prob=0.4, max_inputs=3)],
-    ids=["chain4", "dag4"],
-)
-def test_the_bound_holds_against_brute_force(graph: CostGraph) -> None:
-    keep_all = simulate(graph, Schedule()).peak_bytes
-    for fraction in (0.85, 0.65):
-        budget = int(keep_all * fraction)
-        best = general_optimum(graph, budget)
-        bound = timed_bound(graph, budget)
-        if best is None:
-            continue
-        assert bound.bound_s is not None and bound.bound_s <= best[1].recompute_s + SLACK
 
 
 def test_below_the_square_root_budget_it_proves_the_nested_optimum() -> None:
