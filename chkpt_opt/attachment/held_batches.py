@@ -5,7 +5,8 @@ A loop may keep more than the batch it feeds the model alive through the step:
 micro-batches before the first runs (``batch_samples``) and holds them, and the copy it
 feeds to the model, to the step's end. They are memory of the step that the capture of one
 call does not see. A batch fetched during the step (nanoGPT's ``train.py`` fetches the next
-one between the forward and the backward pass) is not alive at the call, and not seen.
+one between the forward and the backward pass) is not alive at the call, and not seen here:
+:mod:`.fetched_batches` looks for it at the backward pass's start.
 Measured (``tests/attachment/test_training_stacks.py``, ``Trainer`` with 2 micro-batches,
 budget the per-block checkpointing peak in the same stack): 12.3 kB (GPT) and 5.3 kB
 (Llama) over the budget while no plan counted them; within it since.
