@@ -13,11 +13,14 @@ what it makes is kept to its last use.
 
 Rounding recomputes the ops whose share is at least a threshold (the distinct shares, from
 the highest; ops a staged schedule may not recompute are kept). Where nothing fits, the LP
-is solved again at a budget lowered by the lowest peak's excess and rounded likewise (at
-most :data:`MAX_ROUNDS` LPs, until a rounding fits as it is). From the cheapest schedule
+is solved again at a budget lowered by the lowest peak's excess, or halfway to the floor where
+that excess would take it below (GPT-2 halfway to its floor: the roundings ended there with
+nothing that fits), and rounded likewise (at most :data:`MAX_ROUNDS` LPs, until a rounding
+fits as it is). From the cheapest schedule
 that fits, recomputed ops are dropped one at a time, costliest first, while the schedule
 still fits (the trim). Then the lowest-peak rounding of each LP that did not fit is
-repaired, in turn: split first, where a recomputed value the peak holds for a later step is
+repaired, in turn: split first, where a recomputed value the peak (a backward step, or a
+recomputation in the stage before one) holds for a later step is
 recomputed once more at that step instead (with the recomputed ops it reads), one at a time
 while the peak falls (the 6-layer Llama halfway from its layers' peak to the floor: 234.9 ms
 in 6 s, where ``auto`` had returned 1651 ms; bound 161.1 ms); failing that, beside its ops,
@@ -153,11 +156,21 @@ class _Stager:
             stages.setdefault(self.backward[k], []).extend(ops)
 
     def held_at_peak(self, schedule: Schedule, profile: MemoryProfile) -> list[Again]:
-        """Where the peak is a backward step: each recomputed value alive there that the
-        step does not unpack, largest first, as ``(op, the next step unpacking it)``."""
-        peak = profile.timeline[profile.peak_index]
-        if peak.kind != "bwd" or peak.node not in self.position:
+        """Where the peak is a backward step or a recomputation in its stage: each
+        recomputed value alive there that neither the step nor the stage's recomputations
+        still to run read, largest first, as ``(op, the next step unpacking it)``, once each."""
+        timeline = profile.timeline
+        host = profile.peak_index  # the backward step whose stage (or itself) peaks
+        while host < len(timeline) and timeline[host].kind == "recompute":
+            host += 1
+        if host == len(timeline) or timeline[host].kind != "bwd":
             return []
+        host_node = timeline[host].node
+        if host_node not in self.position:
+            return []
+        read = set(self.graph.nodes[host_node]["saved"])
+        for point in timeline[profile.peak_index : host]:  # the stage's ops still to run
+            read.update(storages_read(self.graph, point.node, self.owner))
         live: dict[str, int] = {}
         for k, step in enumerate(lower(self.graph, schedule)):
             if k > profile.peak_index:
@@ -166,8 +179,7 @@ class _Stager:
             if k < profile.peak_index:
                 for inst in step.free:
                     live.pop(inst, None)
-        here = self.position[peak.node]
-        read = set(self.graph.nodes[peak.node]["saved"])
+        here = self.position[host_node]
         found: list[tuple[int, str, int]] = []
         for inst, nbytes in live.items():
             prefix, _, sid = inst.partition(":")
@@ -176,7 +188,7 @@ class _Stager:
             later = [k for k in self.unpacked_at.get(sid, []) if k > here]
             if later and sid in self.owner:
                 found.append((-nbytes, self.owner[sid], min(later)))
-        return [(op, k) for _, op, k in sorted(found)]
+        return list(dict.fromkeys((op, k) for _, op, k in sorted(found)))
 
 
 def _thresholds(shares: Iterable[float]) -> list[float]:
@@ -340,7 +352,9 @@ def staged_rounding(
         if fits or lowest is None:
             break
         to_repair.append(min(judged, key=lambda pair: pair[1].peak_bytes)[0][1])
-        target -= max(lowest - budget_bytes, budget_bytes // 200)
+        lowered = target - max(lowest - budget_bytes, budget_bytes // 200)
+        # Below the floor the LP has no solution and the rounds would end: halfway to it.
+        target = lowered if lowered >= lp.floor_bytes else (target + lp.floor_bytes) // 2
         lp = recompute_bound(graph, target, deadline=deadline)
     # The cheapest fit so far first made cheaper; then the repairs of the roundings that did
     # not fit (a repaired rounding of a higher LP may beat the lowered LPs' roundings).

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from chkpt_opt.codegen import rewrite_module
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.synthetic import chain_graph
 from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.graphs.tracer.storage import StorageTracker
@@ -99,3 +100,34 @@ def test_a_gap_stops_the_rounding_at_the_first_schedule_within_it(llama2) -> Non
     assert stopped.stats["stopped_at_gap"]["gap"] <= gap
     assert stopped.stats["schedules"] < every.stats["schedules"]
     assert every.objective <= stopped.objective
+
+
+def _family_at(family: str, lower: float) -> tuple[CostGraph, int]:
+    """A Hugging Face family's graph and the budget ``lower`` of the way from its layers'
+    peak to the recompute bound's floor (``benchmarks/hf_gaps.py``'s budgets)."""
+    model, args, _ = hf_zoo.FAMILIES[family]()
+    graph = trace_model(model, args, {}).graph
+    peak = simulate(graph, own_layouts(graph)["layers"]).peak_bytes
+    floor = recompute_bound(graph, peak).floor_bytes
+    return graph, int(peak - lower * (peak - floor))
+
+
+def test_an_lp_lowered_past_the_floor_goes_halfway_to_it_instead() -> None:
+    """GPT-2 halfway to the floor: the first LP's roundings peak more above the budget than
+    the budget is above the floor; lowered by that excess the LP had no solution, the rounds
+    ended and nothing fit (59.01 MiB against 58.08). Lowered halfway to the floor: fits."""
+    graph, budget = _family_at("gpt2", 0.5)
+    found = staged_rounding(graph, budget)
+    assert found.status == SolveStatus.FEASIBLE and found.peak_bytes <= budget
+    assert found.stats["lp_rounds"] >= 2
+
+
+def test_a_peak_in_a_stage_of_recomputations_is_split() -> None:
+    """T5 at its layers' peak, where the roundings peak while a stage recomputes (its
+    attention): the values held there for later steps are split off as at a backward step's
+    peak. Nothing fits, but the lowest peak falls from 95.13 MiB (when only a backward
+    step's peak was split) to 87.07."""
+    graph, budget = _family_at("t5", 0.0)
+    found = staged_rounding(graph, budget)
+    assert found.status == SolveStatus.INFEASIBLE
+    assert found.peak_bytes < 90 * 2**20
