@@ -40,8 +40,6 @@ from chkpt_opt.graphs.tracer import Traced, trace_model
 from chkpt_opt.measurement import measure_traced, trace_and_measure
 from chkpt_opt.measurement.timed_choice import (
     fitting_layouts,
-    op_timing_deadline,
-    op_timing_fits,
     prepare_choice,
     rounds_left,
     wanted,
@@ -218,10 +216,8 @@ def _traced(
     with stage("capture", *stages):
         traced = trace_and_measure(model, example_inputs, kwargs, name=name, method=tracer)
     with stage("op timing", *stages):
-        measured = measures_times(profile_times, traced.graph) and op_timing_fits(stages[0])
-        return measure_traced(
-            traced, profile_times=measured, deadline=op_timing_deadline(stages[0])
-        )
+        measured = measures_times(profile_times, traced.graph)
+        return measure_traced(traced, profile_times=measured, deadline=stages[0])
 
 
 def plan_traced(

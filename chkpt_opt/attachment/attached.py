@@ -68,7 +68,6 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import Traced
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.measurement import measure_traced
-from chkpt_opt.measurement.timed_choice import op_timing_deadline, op_timing_fits
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.sequence.gradients import holding_parameter_gradients
 from chkpt_opt.memory_model.simulate import simulate
@@ -310,8 +309,9 @@ class Attachment:
         start = time.perf_counter()
         deadline, seconds = self._planning or (Deadline.after(self.time_limit_s), {})
         with stage("op timing", deadline, seconds):
-            timed = self._profiles_times(traced.graph) and op_timing_fits(deadline)
-            measure_traced(traced, profile_times=timed, deadline=op_timing_deadline(deadline))
+            measure_traced(
+                traced, profile_times=self._profiles_times(traced.graph), deadline=deadline
+            )
         log.info(
             "chkpt_opt: solving for %s (%d ops) under %s, solver %s",
             type(self.model).__name__,

@@ -200,32 +200,6 @@ def fastest(
     return TimedChoice(chosen, ratios, timed, time.perf_counter() - timing_start)
 
 
-OP_TIMING_SHARE = 0.5
-"""Op timing starts only while less than this share of the planning's limit has passed."""
-
-OP_TIMING_END_SHARE = 0.6
-"""Op timing runs the model again only where the run would end before this share of the
-planning's limit (:func:`op_timing_deadline`): the solve gets the rest."""
-
-
-def op_timing_fits(deadline: Deadline) -> bool:
-    """Whether op timing starts within ``deadline``: not once :data:`OP_TIMING_SHARE` of its
-    limit has passed (the capture took it). Op timing runs the captured model four times
-    and checks no limit: on 2 cores under a load of 8 it took 15-20 s for a 4-layer Llama
-    of width 64 whose capture had taken 12 s of a 10 s limit; the plan is then made on the
-    estimated op times (and without the timed choice, which needs measured ones)."""
-    if deadline.share(OP_TIMING_SHARE).expired():
-        log.info("op timing: skipped, the capture took the time limit; op times estimated")
-        return False
-    return True
-
-
-def op_timing_deadline(deadline: Deadline) -> Deadline:
-    """The deadline op timing's runs keep to (the first run always goes): at
-    :data:`OP_TIMING_END_SHARE` of the planning's ``deadline``."""
-    return deadline.share(OP_TIMING_END_SHARE)
-
-
 def wanted(graph: CostGraph, *, solver: str, sharded: bool) -> bool:
     """Whether a plan is timed by default: made by ``auto`` (a named solver returns its own
     schedule, for those comparing solvers), on op times measured on the model's device (a

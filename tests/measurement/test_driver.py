@@ -4,6 +4,7 @@ measure_traced, once per graph."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -73,6 +74,29 @@ def test_each_measurement_runs_once_per_graph(measured: dict[str, int]) -> None:
     measure_traced(traced, profile_times=True)
     assert measured == {"op_times": 1, "region_costs": 1}
     _assert_measured(traced.graph)
+
+
+def test_op_timing_keeps_to_the_planning_deadline(
+    measured: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one rule for plan() and the attachment: op timing does not start once
+    OP_TIMING_SHARE of the planning's limit has passed (the capture took it), and its runs
+    keep to OP_TIMING_END_SHARE of it."""
+    traced = trace_model(_model(), (torch.randn(8, 16),))
+    started = time.perf_counter() - (10.0 * driver.OP_TIMING_SHARE + 1.0)
+    planning = Deadline(started, 10.0)  # the capture took more than the share
+    measure_traced(traced, profile_times=True, deadline=planning)
+    assert measured == {"op_times": 0, "region_costs": 0}
+    assert traced.graph.graph["cost_model"] == "roofline-cpu"
+
+    given: list[Deadline] = []
+    monkeypatch.setattr(
+        driver,
+        "write_op_times",
+        lambda graph, captured, *, deadline: given.append(deadline),
+    )
+    measure_traced(traced, profile_times=True, deadline=Deadline.after(10.0))
+    assert given[0].limit_s == pytest.approx(10.0 * driver.OP_TIMING_END_SHARE)
 
 
 def test_a_cuda_graph_gets_its_kernel_workspace_measured_once(
