@@ -10,6 +10,7 @@ from torch import nn
 
 import chkpt_opt
 from chkpt_opt.attachment import OPTIMIZE_GAP, OPTIMIZE_STALL_S
+from chkpt_opt.attachment.held_batches import held_batch_bytes
 from chkpt_opt.errors import InfeasibleBudgetError, SolverError
 
 WIDTH, LAYERS = 64, 6
@@ -28,7 +29,11 @@ def test_an_infeasible_budget_is_refused_at_optimize_with_example_inputs() -> No
     keep_all = chkpt_opt.plan(
         net, (x,), budget=10**12, optimizer=None, solver="keep_all", profile_times=False
     )
-    budget = keep_all.static.resident_bytes + 1000  # far below any schedule's peak
+    # far below any schedule's peak, above what lives through the step: the parameters,
+    # the inputs and the tensors in this process that look like other batches (.held_batches:
+    # other tests' 2-d float tensors of 256 rows, where they run in this worker)
+    held = held_batch_bytes(net, ((x,), {}))
+    budget = keep_all.static.resident_bytes + held + 1000
     with pytest.raises(InfeasibleBudgetError) as info:
         chkpt_opt.optimize(net, (x,), budget=budget, optimizer=None, profile_times=False)
     assert info.value.min_feasible_bytes is not None and info.value.min_feasible_bytes > budget
