@@ -22,7 +22,6 @@ call is served by
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -45,13 +44,8 @@ from chkpt_opt.attachment.fetched_batches import (
     uncounted_fetch,
     watch_fetches,
 )
-from chkpt_opt.attachment.held_batches import held_batch_bytes, holding_batches
-from chkpt_opt.attachment.held_outputs import (
-    dropping_outputs,
-    outputs_held_hint,
-    watch,
-    watched_positions,
-)
+from chkpt_opt.attachment.held_batches import held_batch_bytes
+from chkpt_opt.attachment.held_outputs import outputs_held_hint, watch, watched_positions
 from chkpt_opt.attachment.plan_store import load_stored, plan_path
 from chkpt_opt.attachment.runner import (
     AttachmentStats,
@@ -61,7 +55,7 @@ from chkpt_opt.attachment.runner import (
     served_keys,
 )
 from chkpt_opt.attachment.size_one import serving_at_size_one
-from chkpt_opt.attachment.step_state import planned_autocast, shared_gradient_bytes
+from chkpt_opt.attachment.step_state import planned_autocast, step_traced
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.errors import InfeasibleBudgetError
 from chkpt_opt.graphs.costgraph import CostGraph
@@ -69,7 +63,6 @@ from chkpt_opt.graphs.tracer import Traced
 from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.measurement import measure_traced
 from chkpt_opt.memory_model.schedule import Schedule
-from chkpt_opt.memory_model.sequence.gradients import holding_parameter_gradients
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers.deadline import Deadline, add_seconds, stage
 from chkpt_opt.step_budget.budget import Budget, format_bytes
@@ -232,16 +225,12 @@ class Attachment:
                 "resident",
                 format_bytes(held_bytes),
             )
-            traced = dataclasses.replace(traced, graph=holding_batches(traced.graph, held_bytes))
         watched = watched_positions(traced.graph, traced.captured.module)
         can_drop = bool(watched)
         drops = can_drop and self.outputs_held is False
-        if drops:
-            traced = dataclasses.replace(traced, graph=dropping_outputs(traced.graph))
-        if key.grads_held:  # gradients alive from the start (.step_state)
-            shared = shared_gradient_bytes(traced.captured.module, traced.graph)
-            held = holding_parameter_gradients(traced.graph, shared)
-            traced = dataclasses.replace(traced, graph=held)
+        traced = step_traced(  # the step's memory around the call (.step_state)
+            traced, other_batch_bytes=held_bytes, drops_outputs=drops, grads_held=key.grads_held
+        )
         _, static, act = activation_budget(
             traced.graph, self.budget, optimizer=self.optimizer, sharding=self.sharding
         )

@@ -30,12 +30,36 @@ The budget holds for the step as the loop really runs it (see :mod:`chkpt_opt.st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import torch
 
+from chkpt_opt.attachment.held_batches import holding_batches
+from chkpt_opt.attachment.held_outputs import dropping_outputs
 from chkpt_opt.fx_attrs import fetch_attr
 from chkpt_opt.graphs.costgraph import CostGraph
+from chkpt_opt.graphs.tracer import Traced
+from chkpt_opt.memory_model.sequence.gradients import holding_parameter_gradients
+
+
+def step_traced(
+    traced: Traced, *, other_batch_bytes: int, drops_outputs: bool, grads_held: bool
+) -> Traced:
+    """``traced`` with its cost graph as the step runs the call: ``other_batch_bytes`` of
+    other batches resident (:mod:`.held_batches`, :mod:`.fetched_batches`), the outputs
+    beside the loss dropped before the backward pass where ``drops_outputs``
+    (:mod:`.held_outputs`), every parameter gradient alive from the start where
+    ``grads_held`` (the module docstring)."""
+    graph = traced.graph
+    if other_batch_bytes:
+        graph = holding_batches(graph, other_batch_bytes)
+    if drops_outputs:
+        graph = dropping_outputs(graph)
+    if grads_held:
+        shared = shared_gradient_bytes(traced.captured.module, graph)
+        graph = holding_parameter_gradients(graph, shared)
+    return traced if graph is traced.graph else dataclasses.replace(traced, graph=graph)
 
 
 def shared_gradient_bytes(module: torch.fx.GraphModule, graph: CostGraph) -> dict[str, int]:
