@@ -64,7 +64,7 @@ from chkpt_opt.graphs.tracer.dynamic_dims import program_ops
 from chkpt_opt.measurement import measure_traced
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
-from chkpt_opt.solvers.deadline import Deadline, add_seconds, stage
+from chkpt_opt.solvers.deadline import Deadline, stage
 from chkpt_opt.step_budget.budget import Budget, format_bytes
 from chkpt_opt.step_budget.sharding import Sharding, per_rank_graph
 from chkpt_opt.step_budget.whole_step import OptimizerArg, activation_budget
@@ -248,7 +248,9 @@ class Attachment:
             made.append((elements, schedule))
         module = rewrite_module(traced.captured.fresh_module(), graph, schedule)
         peak = static.step_peak_bytes(simulate(graph, schedule).peak_bytes)
-        self._count(source, time.perf_counter() - start, peak)
+        stage_s = (self._planning or (None, {}))[1]  # capture, op timing, solve...
+        self.stats.count_capture(source, time.perf_counter() - start, peak, stage_s)
+        self._planning = None
         log.info(
             "chkpt_opt: %s schedule for %s: %d recompute regions, predicted step peak %s "
             "(budget %s); %.1f s",
@@ -368,17 +370,6 @@ class Attachment:
                 del self._runners[key]
         for family in [f for f in self._families if f[1] == drops_outputs]:
             del self._families[family]
-
-    def _count(self, source: str, seconds: float, peak_bytes: int) -> None:
-        stats = self.stats
-        stats.captures += 1
-        stats.solves += source == "solved"
-        stats.reuses += source == "reused"
-        stats.stored += source == "stored"
-        stats.prepare_s += seconds
-        add_seconds(stats.planning_s, (self._planning or (None, {}))[1])  # capture, solve...
-        self._planning = None
-        stats.largest_predicted_peak_bytes = max(stats.largest_predicted_peak_bytes, peak_bytes)
 
     def __getstate__(self) -> dict[str, Any]:
         # Copies and pickles keep the settings and the schedules, not the rewritten

@@ -13,6 +13,7 @@ from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer.dynamic_dims import InputDims
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.solvers.deadline import add_seconds
 from chkpt_opt.step_budget.budget import format_bytes
 
 
@@ -99,6 +100,19 @@ class AttachmentStats:
     solve_s: float = 0.0
     largest_predicted_peak_bytes: int = 0
     planning_s: dict[str, float] = field(default_factory=dict)
+
+    def count_capture(
+        self, source: str, seconds: float, peak_bytes: int, stage_s: Mapping[str, float]
+    ) -> None:
+        """Counts a captured call whose schedule was ``source`` (``"solved"``, ``"reused"``,
+        ``"stored"``), prepared in ``seconds``, ``stage_s`` of them by planning stage."""
+        self.captures += 1
+        self.solves += source == "solved"
+        self.reuses += source == "reused"
+        self.stored += source == "stored"
+        self.prepare_s += seconds
+        add_seconds(self.planning_s, stage_s)
+        self.largest_predicted_peak_bytes = max(self.largest_predicted_peak_bytes, peak_bytes)
 
 
 def served_keys(runners: Mapping[CallKey, Runner]) -> list[tuple[Runner, list[CallKey]]]:
