@@ -126,13 +126,22 @@ class Attachment:
         with planned_autocast():  # autocast's weight cache off, as planned (.step_state)
             runner = self.runner_for(args, kwargs)
             self.last_runner = runner
-            fetches = None
-            if runner.key not in self._fetches_watched:  # once per runner (.fetched_batches)
-                self._fetches_watched.add(runner.key)
-                fetches = fetch_watch(self.model, (args, kwargs))
-            out = runner.module(*args, **kwargs)
+            out = self.watched_call(runner, runner.module, args, kwargs)
         if runner.watched:
             watch(out, runner.watched, self._observe_outputs)
+        return out
+
+    def watched_call(
+        self, runner: Runner, module: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
+    ) -> Any:
+        """``module`` (``runner``'s, eager or compiled) called, and, at the first call of
+        each runner, the loop watched for a batch fetched during the step
+        (:mod:`.fetched_batches`)."""
+        fetches = None
+        if runner.key not in self._fetches_watched:
+            self._fetches_watched.add(runner.key)
+            fetches = fetch_watch(self.model, (args, kwargs))
+        out = module(*args, **kwargs)
         if fetches is not None:
             own_bytes = fetches.own_bytes
             watch_fetches(out, fetches, lambda n: self._observe_fetches(runner, n, own_bytes))

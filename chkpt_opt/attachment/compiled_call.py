@@ -34,7 +34,10 @@ traces the model's own forward, as without a plan. The compiled step does not wa
 whether the loop holds the outputs beside the loss
 (:mod:`~chkpt_opt.attachment.held_outputs`): its plans count them as the attachment's
 ``outputs_held`` says at the first compiled call (held where not known, the bound for
-both loops), so no compiled call is planned again for it.
+both loops), so no compiled call is planned again for it. It does watch, as the eager
+call does, for a batch the loop fetches during the step (nanoGPT's ``train.py``, which
+compiles by default; :mod:`~chkpt_opt.attachment.fetched_batches`): the twin's plans
+count it from then on, and a runner it puts over the budget is planned again.
 """
 
 from __future__ import annotations
@@ -284,4 +287,5 @@ def compiled_training_call(
     kwargs = calls.twin.training_kwargs(kwargs)
     runner = calls.runner_for(args, kwargs)
     attachment.last_runner = runner
-    return calls.module_for(runner)(*args, **kwargs)
+    # a batch fetched during the step is counted by the twin's plans from then on
+    return calls.twin.watched_call(runner, calls.module_for(runner), args, kwargs)

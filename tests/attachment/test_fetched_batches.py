@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 
+import pytest
 import torch
 from torch import nn
 
 import chkpt_opt
+from chkpt_opt.attachment.compiled_call import CompiledCalls, compiled_training_call
 from chkpt_opt.attachment.fetched_batches import fetch_watch, fetched_bytes, uncounted_fetch
+from chkpt_opt.attachment.runner import Runner
 
 WIDTH = 64
 
@@ -81,19 +85,30 @@ def test_a_loop_that_fetches_the_next_batch_mid_step_gets_it_counted() -> None:
     assert second.resident_bytes - plain_second.resident_bytes == 32 * WIDTH * 4
 
 
-def test_a_plan_the_fetch_puts_over_the_budget_is_made_again_counting_it() -> None:
-    def loop(model: nn.Module, steps: int) -> None:
-        x = torch.randn(256, WIDTH)
-        for _ in range(steps):
-            model.zero_grad(set_to_none=True)  # one key: the same runner each step
-            out = model(x).sum()
-            x = torch.randn(256, WIDTH)  # the next batch, fetched before the backward
-            out.backward()
+def _prefetching_loop(
+    model: nn.Module, steps: int, call: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> None:
+    """``steps`` steps of ``model`` (through ``call`` where given), nanoGPT's way."""
+    x = torch.randn(256, WIDTH)
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)  # one key: the same runner each step
+        out = (model if call is None else call)(x).sum()
+        x = torch.randn(256, WIDTH)  # the next batch, fetched before the backward
+        out.backward()
 
+
+def _keep_all_runner() -> Runner:
+    """The keep-all runner of the MLP below, at its own predicted peak."""
     probe = _mlp(8)
     chkpt_opt.optimize(probe, budget=10**12, optimizer=None, profile_times=False)
-    loop(probe, 1)
+    _prefetching_loop(probe, 1)
     (keep_all,) = chkpt_opt.attachment_of(probe).runners
+    return keep_all
+
+
+def test_a_plan_the_fetch_puts_over_the_budget_is_made_again_counting_it() -> None:
+    loop = _prefetching_loop
+    keep_all = _keep_all_runner()
     model = _mlp(8)  # a budget that keeping everything meets to the byte
     chkpt_opt.optimize(
         model, budget=keep_all.predicted_peak_bytes, optimizer=None, profile_times=False
@@ -105,3 +120,31 @@ def test_a_plan_the_fetch_puts_over_the_budget_is_made_again_counting_it() -> No
     assert runner.fetched_batch_bytes == 256 * WIDTH * 4
     assert runner.predicted_peak_bytes <= keep_all.predicted_peak_bytes
     assert runner.schedule != keep_all.schedule  # it recomputes to make room
+
+
+def test_under_torch_compile_a_fetched_batch_is_counted_and_the_plan_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nanoGPT's train.py compiles by default and fetches mid-step: the compiled path
+    (compiled_training_call, as dynamo reaches it) watches the loop too. Inductor and the
+    compiled step's measurement are stood in for by the eager module and its prediction."""
+    monkeypatch.setattr(CompiledCalls, "module_for", lambda self, runner: runner.module)
+    monkeypatch.setattr(
+        CompiledCalls,
+        "_measure",
+        lambda self, runner, args, kwargs: runner.predicted_peak_bytes - runner.resident_bytes,
+    )
+    keep_all = _keep_all_runner()
+    model = _mlp(8)  # a budget that keeping everything meets to the byte
+    chkpt_opt.optimize(
+        model, budget=keep_all.predicted_peak_bytes, optimizer=None, profile_times=False
+    )
+    attachment = chkpt_opt.attachment_of(model)
+    _prefetching_loop(model, 3, lambda x: compiled_training_call(attachment, (x,), {}))
+    twin = attachment.compiled.twin
+    (runner,) = twin.runners
+    assert twin.stats.captures == 2  # the first plan, over by the fetch, made again
+    assert twin.fetched_share == 1.0
+    assert runner.fetched_batch_bytes == 256 * WIDTH * 4
+    assert runner.predicted_peak_bytes <= keep_all.predicted_peak_bytes
+    assert runner.schedule.regions  # it recomputes to make room
