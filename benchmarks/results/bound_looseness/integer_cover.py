@@ -13,15 +13,19 @@ optimum a bound at least as high. Here it is solved by SCIP with the same cuttin
 budgets), beside the LP's bound. One JSON line per model and budget. Then the time-indexed
 bound's program (:mod:`chkpt_opt.solvers.bounds.timed_bound`) in integers on the 2-layer
 Llama halfway, SCIP for :data:`LIMIT_S`: its best schedule-like point and its proven bound.
+With ``--families gpt2 bert mixtral``: those families at their default size instead (the
+integer programs only).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
 from ortools.linear_solver import pywraplp
 
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
@@ -98,10 +102,25 @@ class _IntegerTimed(timed_module._Program):
         return objective.BestBound()
 
 
+def _graphs(families: list[str]) -> list[tuple[str, CostGraph]]:
+    """The Llama of 2 and 6 layers (no ``families``), or each family at its default size."""
+    if not families:
+        built = [(f"llama{n}", hf_zoo.FAMILIES["llama"](layers=n)) for n in (2, 6)]
+    else:
+        built = [(family, hf_zoo.FAMILIES[family]()) for family in families]
+    return [(name, trace_model(m, a, name=name).graph) for name, (m, a, _) in built]
+
+
 def main() -> None:
-    for layers in (2, 6):
-        model, args, _ = hf_zoo.FAMILIES["llama"](layers=layers)
-        graph = trace_model(model, args, name=f"llama{layers}").graph
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--families",
+        nargs="*",
+        default=[],
+        choices=list(hf_zoo.FAMILIES),
+        help="these families at their default size instead of the two Llamas",
+    )
+    for name, graph in _graphs(parser.parse_args().families):
         peak = simulate(graph, own_layouts(graph)["layers"]).peak_bytes
         floor = cover_module.recompute_bound(graph, peak).floor_bytes
         rows = cover_module.keep_all_rows(graph)
@@ -110,7 +129,7 @@ def main() -> None:
             relaxed = cover_module.recompute_bound(graph, budget)
             value, steps, seconds = _integer_bound(rows, budget)
             row = {
-                "model": f"llama{layers}",
+                "model": name,
                 "ops": graph.number_of_nodes(),
                 "budget": label,
                 "lp_bound_ms": None if relaxed.bound_s is None else round(relaxed.bound_s * 1e3, 3),
@@ -119,7 +138,7 @@ def main() -> None:
                 "integer_s": round(seconds, 1),
             }
             print(json.dumps(row), flush=True)
-            if layers == 2 and lower == 0.5:
+            if name == "llama2" and lower == 0.5:
                 program, timed_module._Program = timed_module._Program, _IntegerTimed
                 try:
                     timed_module.timed_bound(graph, budget)
