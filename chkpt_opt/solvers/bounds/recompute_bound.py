@@ -106,6 +106,8 @@ class RecomputeBound:
         timed_bound_s: the time-indexed bound, where one was solved
             (:func:`~chkpt_opt.solvers.bounds.timed_bound.with_timed_bound`: ``bound_s`` is
             then the larger of the two).
+        integer_bound_s: the program's bound in integers, where one was solved
+            (:func:`~chkpt_opt.solvers.bounds.integer_cover.with_integer_bound`: likewise).
     """
 
     bound_s: float | None
@@ -116,10 +118,13 @@ class RecomputeBound:
     solve_s: float
     recompute_share: Mapping[str, float] = field(default_factory=dict)
     timed_bound_s: float | None = None
+    integer_bound_s: float | None = None
 
     def summary(self) -> dict[str, object]:
         """What the bound found, as solver stats (``stats["recompute_bound"]``)."""
         timed = {} if self.timed_bound_s is None else {"timed_bound_s": self.timed_bound_s}
+        if self.integer_bound_s is not None:
+            timed["integer_bound_s"] = self.integer_bound_s
         return {
             "bound_s": self.bound_s,
             "floor_bytes": self.floor_bytes,
@@ -252,12 +257,17 @@ def _solve_bound(
 
 class _CoverLp:
     """The relaxation of the module docstring over the rows added so far: in GLOP on graphs
-    of at most :data:`GLOP_MAX_OPS` ops, in HiGHS on larger ones (see there)."""
+    of at most :data:`GLOP_MAX_OPS` ops, in HiGHS on larger ones (see there); with
+    ``integer``, the same program with every variable 0 or 1, in SCIP
+    (:mod:`~chkpt_opt.solvers.bounds.integer_cover`)."""
 
-    def __init__(self, rows: KeepAllRows, budget_bytes: int) -> None:
+    def __init__(self, rows: KeepAllRows, budget_bytes: int, *, integer: bool = False) -> None:
         self.rows = rows
         self.budget_bytes = budget_bytes
-        if len(rows.ops) <= GLOP_MAX_OPS:
+        self.integer = integer
+        if integer:
+            self.solver = pywraplp.Solver.CreateSolver("SCIP")
+        elif len(rows.ops) <= GLOP_MAX_OPS:
             self.solver = pywraplp.Solver.CreateSolver("GLOP")
         else:
             self.solver = pywraplp.Solver.CreateSolver("HIGHS")
@@ -271,9 +281,15 @@ class _CoverLp:
         self.values: dict[str, float] = {}
         self._r_values = np.zeros(len(rows.ops))
 
+    def _unit_var(self) -> pywraplp.Variable:
+        """A variable in [0, 1]; 0 or 1 in the integer program."""
+        if self.integer:
+            return self.solver.IntVar(0.0, 1.0, "")
+        return self.solver.NumVar(0.0, 1.0, "")
+
     def _recomputed(self, op: int) -> pywraplp.Variable:
         if op not in self.r:
-            self.r[op] = self.solver.NumVar(0.0, 1.0, "")
+            self.r[op] = self._unit_var()
             self.solver.Objective().SetCoefficient(self.r[op], float(self.rows.fwd_time_s[op]))
         return self.r[op]
 
@@ -286,9 +302,9 @@ class _CoverLp:
         s, inf = self.solver, self.solver.infinity()
         arrays = self.rows.walk_ordered(row)
         # a[x]: storage x (by its index in the row's sizes) is alive at this step.
-        a = [s.NumVar(0.0, 1.0, "") for _ in range(len(arrays.sizes))]
+        a = [self._unit_var() for _ in range(len(arrays.sizes))]
         # d[o]: op o is recomputed after this step.
-        d = {o: s.NumVar(0.0, 1.0, "") for o in arrays.ops.tolist()}
+        d = {o: self._unit_var() for o in arrays.ops.tolist()}
 
         def at_least(value: float, *terms: tuple[pywraplp.Variable, float]) -> None:
             c = s.Constraint(value, inf)
@@ -313,12 +329,17 @@ class _CoverLp:
                 a[x].SetUb(0.0)
 
     def solve(self, deadline: Deadline) -> float | None:
-        """The LP optimum in seconds, or None when it did not solve to optimality."""
+        """The LP optimum in seconds, or None when it did not solve to optimality (the
+        integer program's proven bound so far is then :attr:`best_bound_s`)."""
         remaining = deadline.remaining_s()
         if remaining is not None:
             self.solver.SetTimeLimit(max(1, int(remaining * 1000)))
         self.solver.Objective().SetMinimization()
-        if self.solver.Solve() != pywraplp.Solver.OPTIMAL:
+        status = self.solver.Solve()
+        self.best_bound_s: float | None = None
+        if self.integer and status == pywraplp.Solver.FEASIBLE:  # cut short by the limit
+            self.best_bound_s = self.solver.Objective().BestBound()
+        if status != pywraplp.Solver.OPTIMAL:
             return None
         ops = self.rows.ops
         self.values = {ops[o]: v.solution_value() for o, v in self.r.items()}
