@@ -15,6 +15,7 @@ from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.solvers import get_solver, smallest_peak
+from chkpt_opt.solvers.bounds.integer_cover import integer_cover_bound
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
 from chkpt_opt.solvers.bounds.timed_bound import timed_bound
 from chkpt_opt.solvers.deadline import Deadline
@@ -60,18 +61,23 @@ def test_the_bound_is_below_the_exact_keep_set_optimum_on_random_dags(seed: int)
     ids=["chain4", "dag4"],
 )
 def test_the_bounds_hold_beyond_keep_set_against_brute_force(graph: CostGraph) -> None:
-    """The recompute bound and the time-indexed one, against one brute-force optimum."""
+    """The recompute bound, the same program in integers and the time-indexed bound,
+    against one brute-force optimum."""
     keep_all = simulate(graph, Schedule()).peak_bytes
     assert recompute_bound(graph, keep_all).floor_bytes <= general_smallest_peak(graph)
+    assert integer_cover_bound(graph, keep_all) == 0.0
     for fraction in (0.85, 0.65):
         budget = int(keep_all * fraction)
         best = general_optimum(graph, budget)
         bound = recompute_bound(graph, budget)
+        integer = integer_cover_bound(graph, budget)
         timed = timed_bound(graph, budget)
         if best is None:
             continue
         assert not bound.proves_infeasible
         assert bound.bound_s is not None and bound.bound_s <= best[1].recompute_s + SLACK
+        assert integer is not None and bound.bound_s - 1e-9 <= integer
+        assert integer <= best[1].recompute_s + SLACK
         assert timed.bound_s is not None and timed.bound_s <= best[1].recompute_s + SLACK
 
 
