@@ -71,7 +71,7 @@ class FetchWatch:
 def fetch_watch(model: torch.nn.Module, call_inputs: Any) -> FetchWatch:
     """The :class:`FetchWatch` of a call to ``model`` with ``call_inputs``, at the call."""
     own = _own_tensors(call_inputs)
-    storages = {storage_ptr(t): t.untyped_storage().nbytes() for t in own}
+    storages = _storage_bytes(own)
     shapes = frozenset((t.dtype, t.device, tuple(t.shape)) for t in own)
     thread = threading.get_ident()
     before = set(storages) | model_storages(model) | set(_batches_in_loop(shapes, thread))
@@ -80,13 +80,16 @@ def fetch_watch(model: torch.nn.Module, call_inputs: Any) -> FetchWatch:
 
 def input_bytes(call_inputs: Any) -> int:
     """Bytes of a call's own tensor inputs, each storage once (:attr:`FetchWatch.own_bytes`)."""
-    return sum(
-        {storage_ptr(t): t.untyped_storage().nbytes() for t in _own_tensors(call_inputs)}.values()
-    )
+    return sum(_storage_bytes(_own_tensors(call_inputs)).values())
 
 
 def _own_tensors(call_inputs: Any) -> list[torch.Tensor]:
     return [v for v in tree_flatten(call_inputs)[0] if isinstance(v, torch.Tensor) and v.dim() > 0]
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> dict[int, int]:
+    """Storage address -> bytes, for the storages of ``tensors``."""
+    return {storage_ptr(t): t.untyped_storage().nbytes() for t in tensors}
 
 
 def fetched_bytes(watch: FetchWatch) -> int:

@@ -18,13 +18,12 @@ plan's recompute, 65.23 ms: that plan is optimal over every schedule the lowerin
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.solvers.bounds.recompute_bound import (
-    LP_TOLERANCE,
     RecomputeBound,
     _CoverLp,
+    cutting_planes,
     keep_all_rows,
 )
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline, DeadlineExceeded
@@ -53,27 +52,7 @@ def integer_cover_bound(
     if not over:
         return 0.0
     program = _CoverLp(rows, budget_bytes, integer=True)
-    pending = sorted(over, key=lambda r: (r.fixed_bytes - r.during_bytes, r.position))
-    bound: float | None = None
-
-    def proven(value: float) -> float:
-        return max(0.0, value * (1 - LP_TOLERANCE) - LP_TOLERANCE * rows.total_fwd_s)
-
-    while pending and not deadline.expired():
-        for row in pending[:steps_per_round]:
-            program.add(row)
-        value = program.solve(deadline)
-        if value is None:  # cut short: the bound SCIP proved for the rows added so far
-            best = program.best_bound_s
-            if best is not None and math.isfinite(best):
-                bound = max(bound or 0.0, proven(best))
-            break
-        bound = proven(value)
-        checked = program.violated(over, deadline)
-        if checked is None:
-            break
-        pending = checked
-    return bound
+    return cutting_planes(program, over, deadline, steps_per_round)[0]
 
 
 def with_integer_bound(

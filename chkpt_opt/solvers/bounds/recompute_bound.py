@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -122,16 +123,15 @@ class RecomputeBound:
 
     def summary(self) -> dict[str, object]:
         """What the bound found, as solver stats (``stats["recompute_bound"]``)."""
-        timed = {} if self.timed_bound_s is None else {"timed_bound_s": self.timed_bound_s}
-        if self.integer_bound_s is not None:
-            timed["integer_bound_s"] = self.integer_bound_s
+        others = {"timed_bound_s": self.timed_bound_s, "integer_bound_s": self.integer_bound_s}
+        solved = {name: value for name, value in others.items() if value is not None}
         return {
             "bound_s": self.bound_s,
             "floor_bytes": self.floor_bytes,
             "steps": self.steps,
             "complete": self.complete,
             "solve_s": self.solve_s,
-            **timed,
+            **solved,
         }
 
 
@@ -237,22 +237,42 @@ def _solve_bound(
     if budget_bytes < rows.floor_bytes:
         return done(None, 0, True)
     lp = _CoverLp(rows, budget_bytes)
+    bound, complete = cutting_planes(lp, over, deadline, steps_per_round)
+    return done(bound, lp.n_rows, complete, lp.values if bound is not None else {})
+
+
+def cutting_planes(
+    program: _CoverLp, over: list[StepRow], deadline: Deadline, steps_per_round: int
+) -> tuple[float | None, bool]:
+    """``(bound, complete)``: ``program`` solved with the rows of ``over`` (the steps over
+    the budget under keep-all) added by cutting planes, most over first, then those its
+    solution violates, ``steps_per_round`` at a time, until none is or ``deadline`` passes;
+    the proven bound (tolerances taken off; None before a first solve) and whether every
+    row holds. The optimum over the rows added so far bounds every schedule whether or not
+    more rows follow (fewer rows, a lower optimum); an integer solve cut short gives the
+    bound its solver proved."""
+    total_fwd_s = program.rows.total_fwd_s
+
+    def proven(value: float) -> float:
+        return max(0.0, value * (1 - LP_TOLERANCE) - LP_TOLERANCE * total_fwd_s)
+
     pending = sorted(over, key=lambda r: (r.fixed_bytes - r.during_bytes, r.position))
     bound: float | None = None
     while pending and not deadline.expired():
         for row in pending[:steps_per_round]:
-            lp.add(row)
-        value = lp.solve(deadline)
+            program.add(row)
+        value = program.solve(deadline)
         if value is None:
+            best = program.best_bound_s
+            if best is not None and math.isfinite(best):
+                bound = max(bound or 0.0, proven(best))
             break
-        # The optimum over the rows added so far: the relaxation with fewer rows has a
-        # lower optimum, so it bounds every schedule whether or not more rows follow.
-        bound = max(0.0, value * (1 - LP_TOLERANCE) - LP_TOLERANCE * rows.total_fwd_s)
-        checked = lp.violated(over, deadline)
+        bound = proven(value)
+        checked = program.violated(over, deadline)
         if checked is None:  # the deadline passed while checking: rows may still be violated
             break
         pending = checked
-    return done(bound, lp.n_rows, not pending, lp.values if bound is not None else {})
+    return bound, not pending
 
 
 class _CoverLp:
@@ -280,6 +300,8 @@ class _CoverLp:
         self.n_rows = 0
         self.values: dict[str, float] = {}
         self._r_values = np.zeros(len(rows.ops))
+        # the integer program's proven bound where the last solve was cut short
+        self.best_bound_s: float | None = None
 
     def _unit_var(self) -> pywraplp.Variable:
         """A variable in [0, 1]; 0 or 1 in the integer program."""
@@ -336,7 +358,7 @@ class _CoverLp:
             self.solver.SetTimeLimit(max(1, int(remaining * 1000)))
         self.solver.Objective().SetMinimization()
         status = self.solver.Solve()
-        self.best_bound_s: float | None = None
+        self.best_bound_s = None
         if self.integer and status == pywraplp.Solver.FEASIBLE:  # cut short by the limit
             self.best_bound_s = self.solver.Objective().BestBound()
         if status != pywraplp.Solver.OPTIMAL:
