@@ -56,7 +56,7 @@ def loss_of(out: Any) -> torch.Tensor:
     return sum(t.float().sum() for t in leaves)
 
 
-LIMIT_S = 20.0  # these plans need a schedule that fits, not a proof of its optimality
+LIMIT_S = 8.0  # these plans need a schedule that fits, not a proof of its optimality
 
 
 def smallest_budget(model: nn.Module, args: tuple, kwargs: dict | None = None) -> int:

@@ -19,6 +19,7 @@ from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.deadline import Deadline
+from chkpt_opt.step_budget import whole_step
 from tests.attachment.tiny_models import tiny_llama
 from tests.processes import child_pids, new_child_pids
 
@@ -131,6 +132,33 @@ def test_a_solve_cut_short_by_the_stages_before_it_falls_back_to_the_lowest_peak
     assert made.result.feasible and made.result.stats["chosen"] == "smallest_peak"
     assert made.result.stats["solve_cut_short"] == "infeasible"
     assert made.static.step_peak_bytes(made.profile.peak_bytes) <= budget_bytes
+
+
+def test_a_refusal_after_a_solve_cut_short_searches_the_lowest_peak_once(
+    keep_all_plan: Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lowest-peak search that found nothing fitting is the one the refusal's message
+    states: it is not run a second time (each takes at least MIN_SOLVE_S)."""
+    keep_all = get_solver("keep_all")
+    monkeypatch.setattr(api, "get_solver", lambda name, **settings: keep_all)
+    monkeypatch.setattr(api, "fitting_layouts", lambda graph, budget_bytes: {})
+    searches: list[int] = []
+
+    def counted(graph: Any, **settings: Any) -> Any:
+        searches.append(graph.number_of_nodes())
+        return keep_all(graph, 0)  # the lowest peak it "finds": keep-all's, over the budget
+
+    monkeypatch.setattr(api, "smallest_peak", counted)
+    monkeypatch.setattr(whole_step, "smallest_peak", counted)
+    over = keep_all_plan.static.step_peak_bytes(
+        simulate(keep_all_plan.graph, Schedule()).peak_bytes
+    )
+    with pytest.raises(chkpt_opt.InfeasibleBudgetError) as refused:
+        api.plan_traced(
+            keep_all_plan.traced, budget=over - 1, timed_choice=False, deadline=Deadline.after(0.0)
+        )
+    assert len(searches) == 1
+    assert refused.value.min_feasible_bytes == over
 
 
 def test_a_solve_that_finds_nothing_in_its_time_takes_the_models_own_layers_where_they_fit(

@@ -280,10 +280,12 @@ def plan_traced(
         result = solve(graph, act, time_limit_s=left_s(reserved_s))
         if not result.feasible and not result.proves_infeasible:
             result = _own_layout_if_it_fits(graph, act, result, layouts)
+        lowest = None  # the lowest-peak search's result, where the solve ran out of time
         if not result.feasible and not result.proves_infeasible and deadline.expired():
-            result = _lowest_if_it_fits(graph, act, result, left_s())
+            lowest = smallest_peak(graph, time_limit_s=left_s())
+            result = _lowest_if_it_fits(graph, act, result, lowest)
     if not result.feasible:
-        raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s())
+        raise unmet_budget_error(graph, parsed, static, act, time_limit_s=left_s(), lowest=lowest)
     if timed_choice:
         rounds = rounds_left(rounds, reserved_s, deadline.remaining_s())
         with stage("timed choice", deadline, seconds):
@@ -331,12 +333,12 @@ def _own_layout_if_it_fits(
 
 
 def _lowest_if_it_fits(
-    graph: CostGraph, budget_bytes: int, result: SolveResult, time_limit_s: float | None
+    graph: CostGraph, budget_bytes: int, result: SolveResult, lowest: SolveResult
 ) -> SolveResult:
-    """``result`` (nothing that fits, nothing proven), or the lowest-peak schedule where it
-    fits ``budget_bytes``: a solve cut short by the stages before it (a capture that took
-    the whole limit under load) can miss what the lowest-peak search finds."""
-    lowest = smallest_peak(graph, time_limit_s=time_limit_s)
+    """``result`` (nothing that fits, nothing proven), or the lowest-peak schedule
+    (``lowest``, from :func:`~chkpt_opt.solvers.smallest_peak`) where it fits
+    ``budget_bytes``: a solve cut short by the stages before it (a capture that took the
+    whole limit under load) can miss what the lowest-peak search finds."""
     if lowest.peak_bytes > budget_bytes:
         return result
     log.info("planning: the solve found nothing that fits in its time; the lowest peak does")

@@ -248,14 +248,17 @@ def unmet_budget_error(
     nesting: bool = True,
     scope: str = "for this model and inputs",
     fix: str = "Raise the budget to at least that, or reduce the batch size.",
+    lowest: SolveResult | None = None,
 ) -> InfeasibleBudgetError:
     """The error for a whole-step ``budget`` (split into ``static`` and
     ``activation_budget_bytes``) that no schedule of ``graph`` the solvers find meets: it
     names the smallest step budget they meet (:func:`~chkpt_opt.solvers.smallest_peak`,
     searched within ``time_limit_s``, with nested regions unless ``nesting`` is False), in
     parts, what that budget is proven the smallest of, ``scope`` (the schedules it holds
-    for) and ``fix``."""
-    lowest = smallest_peak(graph, time_limit_s=time_limit_s, nesting=nesting)
+    for) and ``fix``. ``lowest``: that search's result where the caller ran it already (with
+    nested regions; then nothing is searched)."""
+    if lowest is None:
+        lowest = smallest_peak(graph, time_limit_s=time_limit_s, nesting=nesting)
     minimum = static.step_peak_bytes(lowest.peak_bytes)
     given, needed = format_bytes_pair(budget.total_bytes, minimum)
     return InfeasibleBudgetError(
