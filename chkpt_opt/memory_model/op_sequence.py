@@ -70,6 +70,8 @@ Unpacked ops (recompute on unpack, :mod:`chkpt_opt.memory_model.unpack`):
 
 from __future__ import annotations
 
+import bisect
+
 from chkpt_opt.graphs.costgraph import (
     CostGraph,
     attributes_by_node,
@@ -192,15 +194,19 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
             k = tree[k].parent
         return f"f:{sid}"
 
-    def region_inputs(k: int) -> set[str]:
-        span = tree[k]
-        found: set[str] = set()
-        for i in range(span.start, span.stop):
-            n = order[i]
-            for sid in [s for u in preds[n] for s in refs[u]] + list(nodes[n]["saved"]):
-                if not inside(k, sid):
-                    found.add(sid)
-        return found
+    inputs_of: dict[int, frozenset[str]] = {}  # region -> its inputs, found once
+
+    def region_inputs(k: int) -> frozenset[str]:
+        if k not in inputs_of:
+            span = tree[k]
+            found: set[str] = set()
+            for i in range(span.start, span.stop):
+                n = order[i]
+                for sid in [s for u in preds[n] for s in refs[u]] + list(nodes[n]["saved"]):
+                    if not inside(k, sid):
+                        found.add(sid)
+            inputs_of[k] = frozenset(found)
+        return inputs_of[k]
 
     def frame_release(k: int) -> int:
         span = tree[k]
@@ -310,8 +316,11 @@ def lower(graph: CostGraph, schedule: Schedule) -> list[Step]:
             if tree[d].stop - 1 > reached[-1]:
                 until = replay_end[k]
             else:
-                ran = [rec_pos[k, i] for i in replays[k].computed if i < tree[d].stop]
-                until = max(ran, default=replay_start[k])
+                # the last op it recomputes before the region ends (``computed`` ascends,
+                # and so do their positions)
+                computed = replays[k].computed
+                j = bisect.bisect_left(computed, tree[d].stop)
+                until = rec_pos[k, computed[j - 1]] if j else replay_start[k]
             for sid in region_inputs(d):
                 hold(value(sid, k), until)
 

@@ -28,22 +28,21 @@ from chkpt_opt.memory_model.schedule import Schedule, innermost_regions, region_
 from chkpt_opt.memory_model.unpack import unpack_plans
 
 
-def recompute_s(graph: CostGraph, schedule: Schedule) -> float:
-    """Seconds of forward work ``schedule`` runs again in a step, overheads included
-    (``simulate(graph, schedule).recompute_s`` up to float rounding; the schedule is
-    assumed valid)."""
-    nodes = attributes_by_node(graph)
+def recomputed_ops(graph: CostGraph, schedule: Schedule) -> list[str]:
+    """The ops ``schedule`` runs again in a step, once per run (a multi-level schedule's
+    list can be quadratic in the graph's ops; its length is what lowering and simulating
+    the schedule take time in proportion to). The schedule is assumed valid."""
     if schedule.staged:  # each stage's ops, once each
-        ran = sum(nodes[n]["fwd_time_s"] for _, ops in schedule.staged for n in ops)
-        return ran + schedule_overhead_s(graph, schedule)
+        return [n for _, ops in schedule.staged for n in ops]
+    nodes = attributes_by_node(graph)
     order = ordered_nodes(graph)
     owner = storage_owners(graph)
     tree = region_tree(graph, schedule)
     inner = innermost_regions(tree, len(order))
-    total = 0.0
+    ran: list[str] = []
     for replay in region_replays(graph, order, tree, inner, schedule.saved, owner):
         if replay.trigger:  # always an op with a backward: lower() replays it there
-            total += sum(nodes[order[i]]["fwd_time_s"] for i in replay.computed)
+            ran += [order[i] for i in replay.computed]
     if schedule.unpacked:
         plans = {p.node: p for p in unpack_plans(graph, order, inner, schedule.unpacked, owner)}
         # Rebuilt before a backward op that unpacks them, with the recipes they need.
@@ -56,5 +55,14 @@ def recompute_s(graph: CostGraph, schedule: Schedule) -> float:
             if name not in rebuilt:
                 rebuilt.add(name)
                 waiting += [op for _, op in plans[name].needs]
-        total += sum(nodes[name]["fwd_time_s"] for name in sorted(rebuilt))
-    return total + schedule_overhead_s(graph, schedule)
+        ran += sorted(rebuilt)
+    return ran
+
+
+def recompute_s(graph: CostGraph, schedule: Schedule) -> float:
+    """Seconds of forward work ``schedule`` runs again in a step, overheads included
+    (``simulate(graph, schedule).recompute_s`` up to float rounding; the schedule is
+    assumed valid)."""
+    nodes = attributes_by_node(graph)
+    ran = sum(nodes[n]["fwd_time_s"] for n in recomputed_ops(graph, schedule))
+    return ran + schedule_overhead_s(graph, schedule)

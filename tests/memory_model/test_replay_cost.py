@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from chkpt_opt.errors import ScheduleError
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import random_dag
-from chkpt_opt.memory_model.replay_cost import recompute_s
+from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.replay_cost import recompute_s, recomputed_ops
 from chkpt_opt.memory_model.schedule import Schedule, cacheable_ops
 from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.memory_model.unpack import unpack_candidates
@@ -26,12 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _agrees(graph: CostGraph, schedule: Schedule) -> bool:
-    """Whether ``schedule`` is valid (False where not) and both give the same seconds."""
+    """Whether ``schedule`` is valid (False where not) and both give the same seconds, the
+    ops recomputed being those the op sequence runs again (as many times)."""
     try:
         simulated = simulate(graph, schedule).recompute_s
     except ScheduleError:
         return False
     assert recompute_s(graph, schedule) == pytest.approx(simulated, rel=1e-12, abs=1e-15)
+    sequence = [step.node for step in lower(graph, schedule) if step.kind == "recompute"]
+    assert Counter(recomputed_ops(graph, schedule)) == Counter(sequence)
     return True
 
 

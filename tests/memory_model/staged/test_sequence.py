@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from chkpt_opt.graphs.costgraph import (
 from chkpt_opt.graphs.io import load_graph
 from chkpt_opt.graphs.synthetic import chain_graph, random_dag
 from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.memory_model.replay_cost import recomputed_ops
 from chkpt_opt.memory_model.schedule import Schedule, cache_candidates, check_schedule
 from chkpt_opt.memory_model.schedule_io import load_schedule, save_schedule
 from chkpt_opt.memory_model.simulate import simulate
@@ -193,6 +195,8 @@ def test_schedules_of_regions_cached_and_unpacked_ops_keep_no_less_as_staged_one
         profile, as_profile = simulate(g, s), simulate(g, staged)
         assert as_profile.recompute_s <= profile.recompute_s + 1e-12
         assert as_profile.peak_bytes <= profile.peak_bytes
+        again = [step.node for step in lower(g, staged) if step.kind == "recompute"]
+        assert Counter(recomputed_ops(g, staged)) == Counter(again)  # what lowering runs
         checked += 1
     assert checked >= 5
 
