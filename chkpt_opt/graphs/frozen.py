@@ -63,3 +63,10 @@ def graph_fact(fn: Callable[[Any], R]) -> Callable[[Any], R]:
         return copy.copy(memo[name])
 
     return fact
+
+
+def frozen_memo(graph: Any) -> dict[str, Any] | None:
+    """The memo of ``graph``'s ``frozen`` block, where a search keeps what it would
+    otherwise compute twice in it (a result of the graph and its own arguments, under a key
+    that names them all); None outside a block, where nothing is kept."""
+    return _MEMOS.get(id(graph))

@@ -11,9 +11,11 @@ cheapest one that fits the budget, or the lowest-peak one when none does.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
+from chkpt_opt.graphs.frozen import frozen_memo
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
 from chkpt_opt.solvers.base import SolveResult, lowest_ranked, result_from_profile
@@ -55,6 +57,12 @@ def greedy_sweep(
         solver: the name the result carries.
     """
     deadline = Deadline.after(time_limit_s)
+    # Inside a frozen block (auto's solve) a sweep that ran to its end is kept: auto's
+    # keep-set stage and its cached-op search both start from it (a 2,248-op decoder: 7 s).
+    memo = frozen_memo(graph)
+    key = f"greedy_sweep:{budget_bytes}:{n_thresholds}"
+    if memo is not None and key in memo:
+        return dataclasses.replace(memo[key], solver=solver, solve_s=deadline.elapsed_s())
     order = ordered_nodes(graph)
     n = len(order)
     sizes = [graph.nodes[v]["saved_bytes"] + graph.nodes[v]["output_bytes"] for v in order]
@@ -87,7 +95,7 @@ def greedy_sweep(
     if base.peak_bytes <= budget_bytes:
         chosen = (keep_all, base)
     schedule, profile = chosen
-    return result_from_profile(
+    result = result_from_profile(
         schedule,
         profile,
         budget_bytes=budget_bytes,
@@ -100,3 +108,6 @@ def greedy_sweep(
             "timed_out": timed_out,
         },
     )
+    if memo is not None and not timed_out:
+        memo[key] = result
+    return result
