@@ -19,6 +19,7 @@ from torch import nn
 
 import chkpt_opt
 from chkpt_opt.codegen import rewrite_module
+from chkpt_opt.codegen.runtime import CheckpointRegion
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
 from chkpt_opt.memory_model.schedule import Schedule, nesting_allowed
 from chkpt_opt.solvers import get_solver
@@ -212,6 +213,27 @@ def test_torch_compile_of_a_deep_multi_level_schedule() -> None:
         return _schedule(graph, ((0, n),), tuple((0, k) for k in range(n - 1, 0, -1)))
 
     _compiled_beside_reference(CompileNet, (torch.randn(64, 32),), prefixes)
+
+
+def test_only_outermost_regions_have_flat_bodies_with_each_op_once() -> None:
+    """A prefix nested at every op: each op is in every prefix that holds it, but in the
+    outermost region's flat body once (before, every region built its own flat body,
+    quadratic in the ops: 470,000 node copies and 22 s on a 32-layer decoder)."""
+    torch.manual_seed(0)
+    model = CompileNet().train()
+    args = (torch.randn(64, 32),)
+    plan = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
+    n = plan.graph.number_of_nodes()
+    schedule = _schedule(plan.graph, ((0, n),), tuple((0, k) for k in range(n - 1, 0, -1)))
+    optimized = rewrite_module(plan.traced.captured.fresh_module(), plan.graph, schedule)
+    regions = [m for m in optimized.modules() if isinstance(m, CheckpointRegion)]
+    assert len(regions) == n - 1 + 1
+    outermost = [m for m in regions if m.flat_body is not m.body]
+    assert len(outermost) == 1  # the nested ones inline into it
+    ops = [node for node in outermost[0].flat_body.graph.nodes if node.op == "call_function"]
+    assert len(ops) <= n
 
 
 def test_torch_compile_of_nested_regions_with_state_updates() -> None:

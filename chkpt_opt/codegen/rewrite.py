@@ -36,52 +36,100 @@ _CALLEE = "_chkpt_cached_callee_"
 """The name prefix of the attributes that hold cached ops' callees in flat bodies."""
 
 
+def _region_graph(
+    region: list[torch.fx.Node], params: list[torch.fx.Node], outputs: list[torch.fx.Node]
+) -> torch.fx.Graph:
+    """A copy of the region's nodes (inner regions as their calls), taking ``params`` and
+    returning ``outputs``: what :func:`_flat_body` reads once the region's nodes have left
+    the root's graph."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for arg in params:
+        env[arg] = graph.placeholder(f"in_{arg.name}")
+    for node in region:
+        env[node] = graph.node_copy(node, lambda x: env[x])
+    graph.output(tuple(env[o] for o in outputs))
+    return graph
+
+
 def _flat_body(
     gm: torch.fx.GraphModule,
-    region: list[torch.fx.Node],
-    params: list[torch.fx.Node],
-    outputs: list[torch.fx.Node],
-    inner: tuple[CheckpointRegion, ...],
+    copied: torch.fx.Graph,
     k: int,
     cached: frozenset[str] = frozenset(),
 ) -> tuple[torch.fx.GraphModule, tuple[str, ...]]:
-    """The region's ops with its inner regions' ops inlined, for ``torch.compile``.
+    """The region's ops (``copied``, from :func:`_region_graph`) with the ops of the regions
+    nested in it inlined, at every depth, for ``torch.compile``.
 
     Its partitioner recomputes a region from the region's inputs and does not nest, so a
-    compiled outer region traces this flat graph instead of its body: one checkpoint,
+    compiled outermost region traces this flat graph instead of its body: one checkpoint,
     whatever the depth of the schedule (dynamo tracing one checkpoint per level of a deep
     multi-level schedule exceeds Python's recursion limit). No guards: under compile,
     state updates happen once. It takes the body's arguments, then the attributes of the
-    inner regions (their ``flat_attr_targets``), read from the root at call time. The ops
-    named in ``cached`` run through :func:`~chkpt_opt.codegen.runtime.run_cached_for_compile`,
-    which marks their traced nodes for the plan partitioner to save (inner regions'
-    cached ops come marked from their own flat bodies).
+    nested regions (``flat_attr_targets``), read from the root at call time. The ops a
+    region caches run through :func:`~chkpt_opt.codegen.runtime.run_cached_for_compile`,
+    which marks their traced nodes for the plan partitioner to save. Only outermost regions
+    have one, each op in it once (one per region, a prefix schedule's held every op once
+    per region it is in: 470,000 node copies on a 32-layer decoder).
     """
     flat = torch.fx.Graph()
-    env: dict[torch.fx.Node, Any] = {}
-    for arg in params:
-        env[arg] = flat.placeholder(f"in_{arg.name}")
+    values = [flat.placeholder(n.name) for n in copied.nodes if n.op == "placeholder"]
     extra: list[str] = []
     extra_nodes: dict[str, torch.fx.Node] = {}
-    callees: dict[str, Any] = {}
-    for region_module in inner:
-        for target in (*region_module.attr_targets, *region_module.flat_attr_targets):
+    for region_module in _nested_in(gm, copied):
+        for target in region_module.attr_targets:
             if target not in extra_nodes:
                 extra.append(target)
                 extra_nodes[target] = flat.placeholder(f"in_flat_{len(extra)}")
-        # The callees of the inner regions' cached ops come with their flat graphs.
-        inner_flat = region_module.flat_body
-        for n in inner_flat.graph.nodes:
-            if n.op == "get_attr" and str(n.target).startswith(_CALLEE):
-                callees[str(n.target)] = getattr(inner_flat, str(n.target))
-    for node in region:
+    callees: dict[str, Any] = {}
+    returned = _inline(flat, gm, copied, values, extra_nodes, callees, k, cached)
+    flat.output(tuple(returned))
+    root: Any = gm
+    if callees:  # the callees are attributes of the flat module: a root of named values
+        named = {str(n.target) for n in flat.nodes if n.op in ("get_attr", "call_module")}
+        root = {t: fetch_attr(gm, t) for t in named - set(callees)} | callees
+    return torch.fx.GraphModule(root, flat, class_name=f"FlatRegion{k}"), tuple(extra)
+
+
+def _nested_in(gm: torch.fx.GraphModule, copied: torch.fx.Graph) -> list[CheckpointRegion]:
+    """The regions a region's graph calls, and those they call, depth first in call order."""
+    found: list[CheckpointRegion] = []
+    for node in copied.nodes:
+        if node.op == "call_module":
+            wrapper = gm.get_submodule(str(node.target))
+            if isinstance(wrapper, CheckpointRegion) and wrapper.source is not None:
+                found.append(wrapper)
+                found += _nested_in(gm, wrapper.source[0])
+    return found
+
+
+def _inline(
+    flat: torch.fx.Graph,
+    gm: torch.fx.GraphModule,
+    copied: torch.fx.Graph,
+    values: list[Any],
+    extra_nodes: dict[str, torch.fx.Node],
+    callees: dict[str, Any],
+    k: int,
+    cached: frozenset[str],
+) -> list[Any]:
+    """Copies region ``k``'s graph into ``flat``, its placeholders standing for ``values``
+    and the regions it calls inlined in turn; returns what it returns."""
+    env: dict[torch.fx.Node, Any] = {}
+    placeholders = [n for n in copied.nodes if n.op == "placeholder"]
+    env.update(zip(placeholders, values, strict=True))
+    for node in copied.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            return [env[o] for o in node.args[0]]
         wrapper = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
-        if isinstance(wrapper, CheckpointRegion):
-            inner_graph = wrapper.flat_body.graph
-            phs = [n for n in inner_graph.nodes if n.op == "placeholder"]
-            targets = (*wrapper.attr_targets, *wrapper.flat_attr_targets)
-            values = [env[a] for a in node.args] + [extra_nodes[t] for t in targets]
-            env[node] = flat.graph_copy(inner_graph, dict(zip(phs, values, strict=True)))
+        if isinstance(wrapper, CheckpointRegion) and wrapper.source is not None:
+            graph, inner_k, inner_cached = wrapper.source
+            args = [env[a] for a in node.args] + [extra_nodes[t] for t in wrapper.attr_targets]
+            env[node] = tuple(
+                _inline(flat, gm, graph, args, extra_nodes, callees, inner_k, inner_cached)
+            )
         elif (
             node.target is operator.getitem
             and node.args[0] in env
@@ -92,12 +140,7 @@ def _flat_body(
             env[node] = _cached_call(flat, node, env, callees, k)
         else:
             env[node] = flat.node_copy(node, lambda x: env[x])
-    flat.output(tuple(env[o] for o in outputs))
-    root: Any = gm
-    if callees:  # the callees are attributes of the flat module: a root of named values
-        named = {str(n.target) for n in flat.nodes if n.op in ("get_attr", "call_module")}
-        root = {t: fetch_attr(gm, t) for t in named - set(callees)} | callees
-    return torch.fx.GraphModule(root, flat, class_name=f"FlatRegion{k}"), tuple(extra)
+    raise AssertionError("a region's graph ends with its output")
 
 
 def _cached_call(
@@ -202,7 +245,10 @@ def _outline(
         for m in [gm.get_submodule(str(node.target))]
         if isinstance(m, CheckpointRegion)
     )
-    flat = _flat_body(gm, region, acts + statics, outputs, inner, k, cached)
+    copied = _region_graph(region, acts + statics, outputs)
+    # Nested regions are inlined into their outermost region's flat body, which alone runs
+    # under compile; a region is nested where an outer region's outline calls it.
+    flat = None if nested else _flat_body(gm, copied, k, cached)
     if not for_compile:
         guard_stateful(body, gm)
 
@@ -217,6 +263,7 @@ def _outline(
         generators=generators,
         inner=inner,
         flat=flat,
+        source=(copied, k, cached),
         for_compile=for_compile,
         cache_key=key,
         replays_rng=draws_random(region, gm),

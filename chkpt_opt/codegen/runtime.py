@@ -281,10 +281,14 @@ class CheckpointRegion(torch.nn.Module):
         cache_key: str = "",
         inner: tuple[CheckpointRegion, ...] = (),
         flat: tuple[torch.fx.GraphModule, tuple[str, ...]] | None = None,
+        source: tuple[torch.fx.Graph, int, frozenset[str]] | None = None,
         replays_rng: bool = True,
     ) -> None:
         super().__init__()
         object.__setattr__(self, "_flat", flat)
+        # What an outer region's flat body inlines: a copy of its graph, its index, the ops
+        # it caches (codegen's rewrite._region_graph).
+        object.__setattr__(self, "source", source)
         object.__setattr__(self, "_inner", inner)  # called by the body: already in the tree
         object.__setattr__(self, "_body", body)
         object.__setattr__(self, "_root", root)
