@@ -43,6 +43,13 @@ def main() -> None:
     parser.add_argument("--budget-mib", type=float, default=20.0)
     parser.add_argument("--limits", type=float, nargs="*", default=[10.0, 30.0])
     parser.add_argument("--no-search", action="store_true", help="time the schedule only")
+    parser.add_argument(
+        "--plan-limit",
+        type=float,
+        default=None,
+        help="also time chkpt_opt.plan(time_limit_s=this) and plan.apply() at --plan-budget-mib",
+    )
+    parser.add_argument("--plan-budget-mib", type=float, default=132.33)
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args()
     model = max_length.build(args.layers, "lora")
@@ -94,7 +101,48 @@ def main() -> None:
         }
         out["search"].append(row)
         print(json.dumps(row), flush=True)
+    if args.plan_limit is not None:
+        out["plan"] = _plan_and_apply(args, batch)
+        print(json.dumps(out["plan"]), flush=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _plan_and_apply(args: argparse.Namespace, batch: max_length.Batch) -> dict:
+    """``chkpt_opt.plan`` as ``benchmarks/max_length.py`` calls it, then ``plan.apply()``,
+    each timed (a refusal: its message)."""
+    model = max_length.build(args.layers, "lora")
+    start = time.perf_counter()
+    try:
+        made = chkpt_opt.plan(
+            model,
+            (),
+            example_kwargs=batch.inputs,
+            budget=int(args.plan_budget_mib * 2**20),
+            time_limit_s=args.plan_limit,
+            outputs_held=False,
+            profile_times=False,
+        )
+    except chkpt_opt.InfeasibleBudgetError as err:
+        return {
+            "time_limit_s": args.plan_limit,
+            "plan_s": time.perf_counter() - start,
+            "refused": str(err).split(". ")[0],
+        }
+    plan_s = time.perf_counter() - start
+    start = time.perf_counter()
+    made.apply()
+    return {
+        "time_limit_s": args.plan_limit,
+        "budget_mib": args.plan_budget_mib,
+        "plan_s": plan_s,
+        "planning_s": made.result.stats.get("planning_s"),
+        "status": made.result.status.value,
+        "chosen": made.result.stats.get("chosen"),
+        "nested_regions": len(made.schedule.nested),
+        "predicted_step_peak_bytes": made.static.step_peak_bytes(made.profile.peak_bytes),
+        "recompute_s": made.result.objective,
+        "apply_s": time.perf_counter() - start,
+    }
 
 
 if __name__ == "__main__":
