@@ -49,10 +49,11 @@ def _plans(model, args, kwargs):
 
 @pytest.mark.parametrize(
     # The GPT and GPT-2 sweeps (32 s, 22 s) are slow: both train beside their originals in
-    # CI (the GPT's training loop below, GPT-2 under Trainer in tests/attachment).
+    # CI (the GPT's training loop below, GPT-2 under Trainer in tests/attachment); so is the
+    # U-Net's (20 s): the ResNet's sweeps the same path in CI, skips and batch norm included.
     "name",
     [
-        pytest.param(n, marks=pytest.mark.slow) if n in ("gpt", "hf_gpt2") else n
+        pytest.param(n, marks=pytest.mark.slow) if n in ("gpt", "hf_gpt2", "unet") else n
         for n in sorted(MODELS)
     ],
 )

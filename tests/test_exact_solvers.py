@@ -222,7 +222,9 @@ def test_interval_model_restricted_positions() -> None:
 # -- exact solvers against enumeration ----------------------------------------------------
 
 
-EXACT = [("cpsat", {}), ("milp", {})]
+EXACT = [("cpsat", {}), pytest.param("milp", {}, marks=pytest.mark.slow)]
+"""The MILP's sweep takes 24 s: CI checks it against the every-cut MILP and the chain DP
+(tests/solvers/keepset/test_pruning.py, tests/solvers/chain/test_dp_chain.py)."""
 
 
 def test_count_schedules_matches_enumeration() -> None:
@@ -231,7 +233,7 @@ def test_count_schedules_matches_enumeration() -> None:
     assert count_schedules(graph) == len(evaluated) == len({e.spans for e in evaluated})
 
 
-@pytest.mark.parametrize("name,settings", EXACT, ids=[n for n, _ in EXACT])
+@pytest.mark.parametrize("name,settings", EXACT, ids=["cpsat", "milp"])
 def test_exact_solvers_equal_enumeration(name: str, settings: dict, traced) -> None:
     solver = get_solver(name, **settings)
     for graph in _all_small_graphs(traced):

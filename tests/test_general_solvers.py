@@ -126,7 +126,8 @@ def test_deep_chain_plans_at_three_quarters_of_the_smallest_keep_set_budget() ->
     assert equal
 
 
-@pytest.mark.parametrize("floor_fraction", [1.02, 0.9])
+# Just above the keep-set floor (13 s) behind -m slow: below it, in CI, the same plan runs.
+@pytest.mark.parametrize("floor_fraction", [pytest.param(1.02, marks=pytest.mark.slow), 0.9])
 def test_vgg_plans_nested_below_the_keep_set_optimum_and_runs_as_predicted(
     floor_fraction: float,
 ) -> None:

@@ -215,7 +215,7 @@ def check_consistent(graph: CostGraph, budget: int, results: dict[str, SolveResu
 
 
 SETTINGS = settings(
-    max_examples=30,
+    max_examples=20,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
