@@ -38,7 +38,8 @@ def _measured(model: torch.nn.Module, args: tuple, module: torch.nn.Module) -> t
     return measured, all(torch.equal(r, p.grad) for r, p in zip(reference, model.parameters()))
 
 
-@pytest.mark.parametrize("share", [0.8, 0.65])
+# At 0.8 (19 s) behind -m slow: the same path at 0.65 runs in CI.
+@pytest.mark.parametrize("share", [pytest.param(0.8, marks=pytest.mark.slow), 0.65])
 def test_a_staged_plan_of_a_vgg_with_max_pools_runs_as_predicted(
     share: float, tmp_path: Path
 ) -> None:
