@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import chkpt_opt
+from chkpt_opt import zoo
 from chkpt_opt.codegen import rewrite_module
 from chkpt_opt.codegen.runtime import CheckpointRegion
 from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes
@@ -234,6 +235,26 @@ def test_only_outermost_regions_have_flat_bodies_with_each_op_once() -> None:
     assert len(outermost) == 1  # the nested ones inline into it
     ops = [node for node in outermost[0].flat_body.graph.nodes if node.op == "call_function"]
     assert len(ops) <= n
+
+
+def test_a_flat_body_of_a_thousand_levels_is_built_within_the_stacks_room() -> None:
+    """Inlining nested regions into the outermost one's flat body recurses once per level:
+    a prefix at every op of a 960-op MLP exceeds Python's default recursion limit without
+    the room that deep regions get (it raised RecursionError in 28f9751, where flat bodies
+    stopped being built one per region, quadratic in the ops)."""
+    model, args, _ = zoo.mlp(width=8, depth=480, batch=4)
+    plan = chkpt_opt.plan(
+        model, args, budget=10**15, optimizer=None, solver="keep_all", profile_times=False
+    )
+    order = ordered_nodes(plan.graph)
+    nested = tuple(tuple(order[:k]) for k in range(len(order) - 1, 0, -1))
+    schedule = Schedule(regions=(tuple(order),), nested=nested)
+    optimized = rewrite_module(plan.traced.captured.fresh_module(), plan.graph, schedule)
+    (outermost,) = [
+        m for m in optimized.modules() if isinstance(m, CheckpointRegion) and m.source is None
+    ]
+    assert outermost.nesting_levels >= 900
+    assert sum(n.op == "call_function" for n in outermost.flat_body.graph.nodes) <= len(order)
 
 
 def test_torch_compile_of_nested_regions_with_state_updates() -> None:

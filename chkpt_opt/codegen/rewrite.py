@@ -11,6 +11,7 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from chkpt_opt.codegen.randomness import draws_random
+from chkpt_opt.codegen.recursion_room import recursion_room
 from chkpt_opt.codegen.runtime import (
     CheckpointRegion,
     begin_cached_op,
@@ -247,8 +248,12 @@ def _outline(
     )
     copied = _region_graph(region, acts + statics, outputs)
     # Nested regions are inlined into their outermost region's flat body, which alone runs
-    # under compile; a region is nested where an outer region's outline calls it.
-    flat = None if nested else _flat_body(gm, copied, k, cached)
+    # under compile; a region is nested where an outer region's outline calls it. Inlining
+    # recurses once per level: room on the stack for as many as the region nests.
+    flat = None
+    if not nested:
+        with recursion_room(1 + max((m.nesting_levels for m in inner), default=0)):
+            flat = _flat_body(gm, copied, k, cached)
     if not for_compile:
         guard_stateful(body, gm)
 
@@ -263,7 +268,7 @@ def _outline(
         generators=generators,
         inner=inner,
         flat=flat,
-        source=(copied, k, cached),
+        source=(copied, k, cached) if nested else None,  # what its outer region inlines
         for_compile=for_compile,
         cache_key=key,
         replays_rng=draws_random(region, gm),

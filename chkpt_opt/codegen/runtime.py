@@ -286,8 +286,8 @@ class CheckpointRegion(torch.nn.Module):
     ) -> None:
         super().__init__()
         object.__setattr__(self, "_flat", flat)
-        # What an outer region's flat body inlines: a copy of its graph, its index, the ops
-        # it caches (codegen's rewrite._region_graph).
+        # A nested region's: what its outer region's flat body inlines, a copy of its graph,
+        # its index, the ops it caches (codegen's rewrite._region_graph).
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "_inner", inner)  # called by the body: already in the tree
         object.__setattr__(self, "_body", body)
