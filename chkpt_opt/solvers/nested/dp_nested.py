@@ -140,9 +140,10 @@ OPTIONS_SPACE = (
 )
 
 
-def chain_of(graph: CostGraph, *, blocks: bool = True) -> NestedChain:
+def chain_of(graph: CostGraph, *, blocks: bool = True, broadcast: bool = True) -> NestedChain:
     """The chain dp_nested plans ``graph`` as: a simple chain, or else (``blocks``) its
-    blocks between separators (:mod:`~chkpt_opt.solvers.nested.separator_chain`).
+    blocks between separators (:mod:`~chkpt_opt.solvers.nested.separator_chain`; with
+    ``broadcast``, storages most of the graph reads do not keep a cut from separating).
 
     Raises:
         SolverError: naming why ``graph`` is neither.
@@ -153,21 +154,21 @@ def chain_of(graph: CostGraph, *, blocks: bool = True) -> NestedChain:
         if not blocks:
             raise
         try:
-            chain = separator_chain(graph)
+            chain = separator_chain(graph, broadcast=broadcast)
         except SolverError as blocks:
             raise SolverError(f"{simple} Nor as blocks: {blocks}") from None
     return dataclasses.replace(chain, region_s=region_overhead_s(graph))
 
 
-def predict(graph: CostGraph, schedule: Schedule) -> tuple[int, float]:
+def predict(graph: CostGraph, schedule: Schedule, *, broadcast: bool = True) -> tuple[int, float]:
     """Peak bytes and recompute time of ``schedule`` as the DP counts them (the tests check
-    them against the simulator).
+    them against the simulator; ``broadcast`` as for :func:`chain_of`).
 
     Raises:
         SolverError: if ``graph`` is no simple chain, or the schedule caches ops or has a
             region without an op that saves something.
     """
-    chain = chain_of(graph)
+    chain = chain_of(graph, broadcast=broadcast)
     return evaluate_plan(chain, schedule_plan(graph, chain, schedule))
 
 
@@ -225,6 +226,9 @@ class DpNestedSolver:
         block_options: over blocks, let a block in no region run a keep-set schedule of
             its own (:mod:`~chkpt_opt.solvers.nested.unit_options`).
         options_share: the fraction of the time limit the block options' programs get.
+        broadcast: over blocks, leave storages that most of the graph reads (rotary
+            tables, masks) out of what crosses a separator, and count them alive at every
+            step (:func:`~chkpt_opt.solvers.nested.separator_chain.broadcast_storages`).
         seed: CP-SAT seed of those programs.
     """
 
@@ -234,6 +238,7 @@ class DpNestedSolver:
     blocks: bool = True
     block_options: bool = True
     options_share: float = 0.25
+    broadcast: bool = True
     seed: int = 0
     name: str = "dp_nested"
 
@@ -241,7 +246,7 @@ class DpNestedSolver:
         self, graph: CostGraph, budget_bytes: int, *, time_limit_s: float | None = None
     ) -> SolveResult:
         deadline = Deadline.after(time_limit_s)
-        chain = chain_of(graph, blocks=self.blocks)
+        chain = chain_of(graph, blocks=self.blocks, broadcast=self.broadcast)
         space = SPACE if chain.units != UNITS else SEPARATOR_SPACE
         option_stats: dict[str, Any] = {}
         if chain.units == UNITS and self.block_options:

@@ -16,9 +16,11 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
     """The best plan of the whole chain within ``budget_bytes`` (the cheapest, or with
     ``dp.peak_mode`` the one of lowest peak; ``INF_BYTES``: no budget): (recompute time,
     predicted peak, outermost regions and the unit options it runs), or None when no plan
-    fits."""
+    fits. The chain's pinned bytes are counted at every step: the DP plans the rest within
+    the budget less them."""
     c = dp.c
     n = c.n
+    budget_bytes -= c.pinned_bytes
     start: Entry = (0, 0.0, 0, 0.0, None, None)
     pending: dict[int, dict[bool, list[Entry]]] = {0: {False: [start]}}
     for p in range(n):
@@ -87,4 +89,4 @@ def top_plan(dp: NestedDp, budget_bytes: int) -> tuple[float, int, Plan] | None:
     if not finals:
         return None
     best = min(finals, key=lambda e: (e[1], e[2], e[3]))
-    return best[3], best[2], pieces(best)
+    return best[3], best[2] + c.pinned_bytes, pieces(best)

@@ -118,6 +118,10 @@ class NestedChain:
         region_s: seconds every region costs beyond recomputing its ops, at any level
             (the graph's ``region_overhead_s``, charged once per region as
             :func:`~chkpt_opt.memory_model.simulate.simulate` charges it).
+        pinned: storages left out of the units' bytes and counted alive at every step
+            instead (:func:`~chkpt_opt.solvers.nested.separator_chain.broadcast_storages`).
+        pinned_bytes: their bytes, which every count of the DP includes
+            (:func:`~chkpt_opt.solvers.nested.top_frame.top_plan` adds them).
     """
 
     n: int
@@ -147,6 +151,8 @@ class NestedChain:
     units: str = "ops with the views of their outputs"
     options: tuple[tuple[UnitOption, ...], ...] = ()
     region_s: float = 0.0
+    pinned: frozenset[str] = frozenset()
+    pinned_bytes: int = 0
 
     def options_of(self, p: int) -> tuple[UnitOption, ...]:
         """The options of unit ``p`` (none where the chain has none)."""
@@ -389,4 +395,4 @@ def lowest_peak_floor_bytes(chain: NestedChain) -> int:
         min([max(c.bwd_post[i], c.bwd_pre[i]), *(o.bwd for o in c.options_of(i))])
         for i in range(c.n)
     )
-    return max(backward, forward, c.cb)
+    return max(backward, forward, c.cb) + c.pinned_bytes

@@ -57,13 +57,12 @@ from chkpt_opt.solvers.deadline import Deadline, DeadlineExceeded
 from chkpt_opt.solvers.interval.builder import build_interval_model
 from chkpt_opt.solvers.nested.separator_chain import (
     UNITS,
-    Timeline,
     input_slack,
     last_read_in,
-    separators,
-    timeline,
+    separators_apart_from,
     unit_storages,
 )
+from chkpt_opt.solvers.nested.step_timeline import Timeline, timeline
 from chkpt_opt.solvers.nested.unit_chain import NestedChain, UnitOption
 
 _log = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ def with_options(
     docstring): those found and read by ``deadline`` (the round under way finishes)."""
     if chain.units != UNITS:
         raise SolverError("unit options are read for chains of blocks only; a bug.")
-    cuts = separators(graph)
+    cuts = separators_apart_from(graph, chain.pinned)
     if tuple([0, *cuts, graph.number_of_nodes()]) != chain.starts:
         raise SolverError("the chain's units are not the graph's blocks; a bug.")
     candidates = _candidates(graph, chain, deadline, seed, peak_levels, n_kept)
@@ -101,7 +100,7 @@ def with_options(
         chain,
         options=tuple(tuple(x) for x in found),
         exact=chain.exact and not slack,
-        slack_bytes=max(chain.slack_bytes, slack),
+        slack_bytes=max(chain.slack_bytes, chain.pinned_bytes + slack),
     )
 
 
@@ -155,9 +154,11 @@ def _read_round(
         regions=tuple(tuple(order[i:j]) for u in sorted(picks) for i, j in picks[u])
     )
     steps = lower(graph, schedule)
-    tl = timeline(steps)
+    tl = timeline(steps, c.pinned)
     # The same options inside one region over the whole graph: their runs.
-    runs = timeline(lower(graph, Schedule(regions=(tuple(order),), nested=schedule.regions)))
+    runs = timeline(
+        lower(graph, Schedule(regions=(tuple(order),), nested=schedule.regions)), c.pinned
+    )
     unit_of = {order[i]: u for u in range(c.n) for i in range(c.starts[u], c.starts[u + 1])}
     window: list[list[int]] = [[] for _ in range(c.n)]
     for k, step in enumerate(steps):

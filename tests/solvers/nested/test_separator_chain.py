@@ -57,7 +57,7 @@ def test_a_simple_chain_read_off_the_op_sequence_is_the_simple_chain() -> None:
 
 def test_the_dp_never_counts_a_plan_below_the_simulator_and_exactly_where_it_says() -> None:
     rng = random.Random(0)
-    exact = loose = checked = over = 0
+    exact = loose = checked = over = pinned = 0
     for k in range(120):
         graph = random_dag(
             rng.randint(6, 20),
@@ -68,6 +68,7 @@ def test_the_dp_never_counts_a_plan_below_the_simulator_and_exactly_where_it_say
         chain = separator_chain(graph)
         exact += chain.exact
         loose += not chain.exact
+        pinned += chain.pinned_bytes > 0
         for _ in range(8):
             schedule = plan_schedule(graph, chain, _random_plan(rng, 0, chain.n, 3))
             try:
@@ -82,7 +83,8 @@ def test_the_dp_never_counts_a_plan_below_the_simulator_and_exactly_where_it_say
                 assert peak == profile.peak_bytes, (k, schedule)
             over += peak > profile.peak_bytes
             checked += 1
-    assert exact > 20 and loose > 20 and checked > 500 and over > 0, (exact, loose, checked)
+    assert exact > 15 and loose > 20 and pinned > 40, (exact, loose, pinned)
+    assert checked > 500 and over > 0, (checked, over)
 
 
 def _all_plans(lo: int, hi: int, proper: bool) -> list[Plan]:
@@ -108,20 +110,20 @@ SEEDS = [0, 21, 23, 39]  # random DAGs of 9 ops whose blocks are counted exactly
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dp_optimum_equals_brute_force_over_separator_schedules(seed: int) -> None:
     graph = random_dag(9, seed=seed, skip_prob=0.5, max_inputs=2)
-    chain = separator_chain(graph)
+    chain = separator_chain(graph, broadcast=False)  # (broadcast storages: counted loosely)
     assert chain.n >= 3 and chain.exact
     profiles = []
     for plan in _all_plans(0, chain.n, False):
         schedule = plan_schedule(graph, chain, plan)
         try:
-            predict(graph, schedule)
+            predict(graph, schedule, broadcast=False)
         except SolverError:  # a region holding no packer: never better, outside the space
             continue
         profiles.append(simulate(graph, schedule, check=False))
     keep_all = simulate(graph, Schedule()).peak_bytes
     lowest = min(p.peak_bytes for p in profiles)
     for budget in sorted({keep_all, (keep_all + lowest) // 2, lowest, lowest - 1}):
-        result = get_solver("dp_nested", block_options=False)(graph, budget)
+        result = get_solver("dp_nested", block_options=False, broadcast=False)(graph, budget)
         assert_valid_result(graph, result, budget)
         assert result.stats["units"] == UNITS
         fitting = [p.recompute_s for p in profiles if p.peak_bytes <= budget]
@@ -142,21 +144,25 @@ def test_dp_optimum_equals_brute_force_over_separator_schedules(seed: int) -> No
 
 
 @pytest.mark.parametrize(
-    "seed,proofs",
-    # conservative chains of 5 and 4 blocks; whether the bound proves the optimum
-    [(174, {False}), (196, {True, False})],
+    "seed,broadcast,proofs",
+    # conservative chains of 5 and 4 blocks (inputs counted loosely), of 5 and 4 blocks
+    # between separators found beside broadcast storages; whether the bound proves the
+    # optimum
+    [(174, False, {False}), (196, False, {True, False}), (4, True, {False}), (19, True, {False})],
 )
 def test_a_conservative_chain_bounds_its_optimum_with_its_slack(
-    seed: int, proofs: set[bool]
+    seed: int, broadcast: bool, proofs: set[bool]
 ) -> None:
     graph = random_dag(9, seed=seed, skip_prob=0.6, max_inputs=3)
-    chain = separator_chain(graph)
+    chain = separator_chain(graph, broadcast=broadcast)
     assert not chain.exact and chain.slack_bytes > 0
+    assert (chain.pinned_bytes > 0) == broadcast
+    assert chain.n > separator_chain(graph, broadcast=False).n or not broadcast
     profiles = []
     for plan in _all_plans(0, chain.n, False):
         schedule = plan_schedule(graph, chain, plan)
         try:
-            predict(graph, schedule)
+            predict(graph, schedule, broadcast=broadcast)
         except SolverError:
             continue
         profiles.append(simulate(graph, schedule, check=False))
@@ -164,8 +170,10 @@ def test_a_conservative_chain_bounds_its_optimum_with_its_slack(
     lowest = min(p.peak_bytes for p in profiles)
     fractions = (0.95, 0.9, 0.8, 0.7)
     statuses = set()
+    assert lowest < keep_all
     for budget in sorted({*(int(f * keep_all) for f in fractions), lowest, lowest - 1}):
-        result = get_solver("dp_nested", block_options=False)(graph, budget)
+        solver = get_solver("dp_nested", block_options=False, broadcast=broadcast)
+        result = solver(graph, budget)
         assert_valid_result(graph, result, budget)
         assert result.stats["model"] == "conservative"
         assert result.stats["slack_bytes"] == chain.slack_bytes

@@ -51,20 +51,22 @@ def _with_picks(plan: Plan, path: tuple, picks: dict) -> Plan:
 
 
 # Random DAGs of 9 ops with block options, all counted exactly; on seed 4 (50 k plans, a
-# minute) the optimum at 0.85 of keep-all runs an option inside a region.
+# minute) the optimum at 0.85 of keep-all runs an option inside a region. The tests of
+# options cut the DAGs at separators with nothing broadcast (test_separator_chain.py
+# covers broadcast storages; test_the_dp_counts_plans_with_options... both).
 SEEDS = [21, 79, pytest.param(4, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dp_optimum_equals_brute_force_over_plans_and_block_options(seed: int) -> None:
     graph = random_dag(9, seed=seed, skip_prob=0.5, max_inputs=2)
-    chain = with_options(graph, separator_chain(graph), deadline=NO_DEADLINE)
+    chain = with_options(graph, separator_chain(graph, broadcast=False), deadline=NO_DEADLINE)
     # Options whose regions hold inputs make the count conservative (unit_options.py).
     assert not chain.exact and sum(map(len, chain.options)) >= 3
     profiles = []
     for plan in _all_plans(0, chain.n, False):
         try:
-            predict(graph, plan_schedule(graph, chain, plan))
+            predict(graph, plan_schedule(graph, chain, plan), broadcast=False)
         except SolverError:  # a region holding no packer: never better, outside the space
             continue
         free = _free_units(chain, plan, -1, chain.n)
@@ -78,7 +80,7 @@ def test_dp_optimum_equals_brute_force_over_plans_and_block_options(seed: int) -
     used, optimal = False, 0
     fractions = {(keep_all + lowest) // 2, (keep_all + 3 * lowest) // 4, int(0.85 * keep_all)}
     for budget in sorted({b for b in fractions if lowest <= b < keep_all} | {lowest}):
-        result = get_solver("dp_nested")(graph, budget)
+        result = get_solver("dp_nested", broadcast=False)(graph, budget)
         assert_valid_result(graph, result, budget)
         proof = result.stats["space_proof"]
         assert proof["over"] == SEPARATOR_SPACE + OPTIONS_SPACE
@@ -89,9 +91,9 @@ def test_dp_optimum_equals_brute_force_over_plans_and_block_options(seed: int) -
         if proof["optimal"]:
             assert result.objective == pytest.approx(best, rel=1e-12, abs=1e-15)
         optimal += result.objective <= best * (1 + 1e-12)
-        without = get_solver("dp_nested", block_options=False)(graph, budget)
+        without = get_solver("dp_nested", block_options=False, broadcast=False)(graph, budget)
         used |= not without.feasible or without.objective > result.objective * (1 + 1e-9)
-    below = get_solver("dp_nested")(graph, lowest - 1)
+    below = get_solver("dp_nested", broadcast=False)(graph, lowest - 1)
     if below.status == SolveStatus.INFEASIBLE:
         lower = below.stats["space_proof"]["min_peak_lower_bytes"]
         assert lower is None or lower <= lowest <= below.peak_bytes
@@ -109,14 +111,16 @@ def test_block_options_never_make_a_plan_costlier() -> None:
             rng.randint(8, 12), seed=100 + k, skip_prob=rng.choice([0.3, 0.5]), max_inputs=2
         )
         try:
-            separator_chain(graph)
+            separator_chain(graph, broadcast=False)
         except SolverError:
             continue
         keep_all = simulate(graph, Schedule()).peak_bytes
         for fraction in (0.85, 0.7):
             budget = int(fraction * keep_all)
-            plain = get_solver("dp_nested", block_options=False)(graph, budget)
-            with_opts = get_solver("dp_nested")(graph, budget)  # judged by the simulator
+            plain = get_solver("dp_nested", block_options=False, broadcast=False)(graph, budget)
+            with_opts = get_solver("dp_nested", broadcast=False)(
+                graph, budget
+            )  # judged by the simulator
             assert_valid_result(graph, with_opts, budget)
             if plain.feasible:
                 assert with_opts.feasible
@@ -134,14 +138,14 @@ def test_a_block_inside_a_region_runs_an_option() -> None:
     plan without options fits."""
     graph = random_dag(9, seed=4, skip_prob=0.5, max_inputs=2)
     budget = int(0.85 * simulate(graph, Schedule()).peak_bytes)
-    result = get_solver("dp_nested")(graph, budget)
+    result = get_solver("dp_nested", broadcast=False)(graph, budget)
     assert_valid_result(graph, result, budget)
     assert result.stats["model"] == "conservative" and result.feasible
     order = {v: i for i, v in enumerate(ordered_nodes(graph))}
-    bounds = {0, *separators(graph), len(order)}
+    bounds = {0, *separators(graph, broadcast=False), len(order)}
     inner = [r for r in result.schedule.nested if order[r[0]] not in bounds]
     assert inner, result.schedule
-    plain = get_solver("dp_nested", block_options=False)(graph, budget)
+    plain = get_solver("dp_nested", block_options=False, broadcast=False)(graph, budget)
     assert not plain.feasible
 
 
