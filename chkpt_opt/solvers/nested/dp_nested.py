@@ -406,7 +406,12 @@ def _stages(
     a fraction of the full solve's time (``gpt_reference`` and the VGG: no slower). The
     lowest-peak search, which proves its answer over all cuts, found the same peaks with
     them but ran into its 60 s limit on ``encoder_large`` where it had finished in 42 s,
-    so it climbs over phase 0 alone."""
+    so it climbs over phase 0 alone.
+
+    Why fewest cuts first: on the 32-layer LoRA Llama at 768 tokens (69 blocks), a set of
+    24 cuts finds a plan in 0.7 s and one of 36 (the shorter stride's) takes 35 s: in the
+    order of strides, the 36-cut sets came first and a 9 s limit ended in the first one,
+    with nothing."""
 
     def every(step: int, phase: int) -> list[int]:
         return sorted({allowed[0], *allowed[phase::step], n})
@@ -423,7 +428,9 @@ def _stages(
                     cuts = every(step, phase)
                     if cuts not in stages:
                         stages.append(cuts)
-    return [*stages, allowed], [*primary, allowed]
+    # Fewest cuts first (a stable sort): a set's solve grows steeply with its cuts, so the
+    # cheap incumbents come before the costly ones.
+    return [*sorted(stages, key=len), allowed], [*primary, allowed]
 
 
 def _judged(
