@@ -11,14 +11,18 @@ import random
 import pytest
 
 from chkpt_opt.errors import SolverError
+from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
 from chkpt_opt.graphs.synthetic import random_dag
+from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import simulate
+from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.solvers import SolveStatus, get_solver
 from chkpt_opt.solvers.base import INF_BYTES
 from chkpt_opt.solvers.nested.dp_nested import SEPARATOR_SPACE, predict
 from chkpt_opt.solvers.nested.separator_chain import UNITS, separator_chain
 from chkpt_opt.solvers.nested.unit_chain import Plan, plan_schedule, simple_chain
+from chkpt_opt.zoo import huggingface as hf_zoo
 from tests.conftest import assert_valid_result
 from tests.solvers.nested.test_dp_nested import random_chain, random_unit_chain
 
@@ -192,3 +196,43 @@ def test_a_conservative_chain_bounds_its_optimum_with_its_slack(
             if proof["infeasible"]:
                 assert not fitting
     assert statuses == proofs
+
+
+def test_a_decoder_is_cut_between_its_layers_beside_its_rotary_tables() -> None:
+    """A Hugging Face Llama computes its rotary tables once and every layer reads them, so
+    they cross every cut between layers. Counted as broadcast storages, the cuts between
+    layers and between a layer's halves separate (without: only those around the
+    embedding and the head), and dp_nested nests regions over layers below the peak of
+    one region per layer (what ``gradient_checkpointing_enable()`` runs), its plan judged
+    against the simulator."""
+    layers = 4
+    model, args, _ = hf_zoo.llama(layers=layers, width=64, batch=2, seq=64)
+    graph = trace_model(model, args, {}).graph
+    chain = separator_chain(graph)
+    plain = separator_chain(graph, broadcast=False)
+    assert plain.n <= 7 and chain.n >= 2 * layers + 1, (plain.n, chain.n)
+    order = ordered_nodes(graph)
+    unit_of = {
+        order[i]: u for u in range(chain.n) for i in range(chain.starts[u], chain.starts[u + 1])
+    }
+    for sid in chain.pinned:  # read in every layer
+        readers = {unit_of[v] for v in order if sid in _reads(graph, v)}
+        assert len(readers) >= layers, (sid, readers)
+    assert chain.pinned_bytes == sum(
+        graph.nodes[v]["outputs"][sid]
+        for v in order
+        for sid in chain.pinned
+        if sid in graph.nodes[v]["outputs"]
+    )
+    per_layer = simulate(graph, own_layouts(graph)["layers"]).peak_bytes
+    # (no block options: their programs would take a quarter of the limit)
+    result = get_solver("dp_nested", block_options=False)(graph, per_layer - 1, time_limit_s=30)
+    assert_valid_result(graph, result, per_layer - 1)
+    assert result.stats["units"] == UNITS and result.stats["slack_bytes"] >= chain.pinned_bytes
+    assert result.feasible and len(result.schedule.nested) > 0, result.stats
+    without = get_solver("dp_nested", block_options=False, broadcast=False)
+    assert not without(graph, per_layer - 1, time_limit_s=30).feasible
+
+
+def _reads(graph: CostGraph, node: str) -> set[str]:
+    return {sid for p in graph.predecessors(node) for sid in storage_refs(graph, p)}
