@@ -166,11 +166,11 @@ def beyond_keep_set(
         # keep-set's cuts (the small encoder at 0.7 of its peak: 1.24 against 0.90 ms),
         # below its floor they are what fits (the small GPT at 0.29: 26 ms; the nested
         # heuristic's plan 62 ms).
-        # Over blocks it gets about half the time left, as the nested heuristic after it:
-        # where it plans, it recomputes far less (the 32-layer LoRA Llama at 768 tokens:
-        # 2.5 s against the heuristic's 55-109 s), and it needs the time (at 1024 tokens
-        # only its cut set per layer fits, solved in 5-10 s).
-        weight = 1.0 if keep.feasible else half
+        # Over blocks it gets more than half the time left, the nested heuristic about
+        # half the rest: where it plans, it recomputes far less (the 32-layer LoRA Llama at
+        # 768 tokens: 2.5 s against the heuristic's 55-109 s), and it needs the time (at
+        # 1024 tokens and at 2 x 512 only its cut set per layer fits, solved in 5-12 s).
+        weight = 1.0 if keep.feasible else 2 * half
         searches.append((weight, lambda: get_solver("dp_nested", blocks=not keep.feasible)))
         if not keep.feasible:
             searches.append((half, lambda: get_solver("nested")))
