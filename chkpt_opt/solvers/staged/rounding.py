@@ -64,6 +64,13 @@ from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 MAX_ROUNDS = 4
 """LPs solved at lowered budgets where no rounding of the first fits, at most."""
 
+OUT_OF_REACH = 2.0
+"""Where every rounding of the first LP peaks above this many times the budget, no round
+or repair is tried: they lower a rounding's peak by a few percent each, and the space of
+one recomputation per stage is far from the budget (the 32-layer LoRA Llama at 2 x 512
+tokens: 240-517 MB against 30 MB, where nested regions fit; the rounds and repairs took
+12 s of a 60 s limit)."""
+
 MAX_THRESHOLDS = 24
 """Thresholds tried per LP, at most (spread over its distinct shares)."""
 
@@ -335,6 +342,7 @@ def staged_rounding(
         return schedule, profile
 
     rounds = 0
+    out_of_reach = False  # (OUT_OF_REACH)
     to_repair: list[frozenset[str]] = []  # each round's lowest-peak rounding so far
     while rounds < MAX_ROUNDS and lp.bound_s is not None and not (deadline.expired() or closed):
         rounds += 1
@@ -350,6 +358,9 @@ def staged_rounding(
             lowest = profile.peak_bytes if lowest is None else min(lowest, profile.peak_bytes)
             fits = fits or profile.peak_bytes <= budget_bytes
         if fits or lowest is None:
+            break
+        if rounds == 1 and lowest > OUT_OF_REACH * budget_bytes:
+            out_of_reach = True
             break
         to_repair.append(min(judged, key=lambda pair: pair[1].peak_bytes)[0][1])
         lowered = target - max(lowest - budget_bytes, budget_bytes // 200)
@@ -381,6 +392,7 @@ def staged_rounding(
             "schedules": len(judged),
             "lp_rounds": rounds,
             "trimmed": trimmed,
+            **({"out_of_reach": True} if out_of_reach else {}),
             **({"stopped_at_gap": {"bound_s": bound_s, "gap": closed[0]}} if closed else {}),
         },
     )

@@ -17,7 +17,7 @@ from chkpt_opt.memory_model.simulate import simulate
 from chkpt_opt.own_layouts import own_layouts
 from chkpt_opt.solvers import SolveStatus
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound
-from chkpt_opt.solvers.staged.rounding import staged_rounding
+from chkpt_opt.solvers.staged.rounding import MAX_THRESHOLDS, OUT_OF_REACH, staged_rounding
 from chkpt_opt.zoo import huggingface as hf_zoo
 
 LLAMA2_LAYERS_PEAK_MS = 56.87
@@ -131,3 +131,19 @@ def test_a_peak_in_a_stage_of_recomputations_is_split() -> None:
     found = staged_rounding(graph, budget)
     assert found.status == SolveStatus.INFEASIBLE
     assert found.peak_bytes < 90 * 2**20
+
+
+def test_roundings_far_above_the_budget_are_not_repaired() -> None:
+    """A chain at a fifth of its keep-all peak: the first LP's roundings peak more than
+    OUT_OF_REACH times the budget, so no round or repair follows (on the 32-layer LoRA
+    Llama at 2 x 512 tokens they took 12 s and ended 8x over the budget). At a third they
+    peak 1.6x above it: the rounds and repairs run."""
+    graph = chain_graph(24, activation_bytes=1 << 20)
+    budget = simulate(graph, Schedule()).peak_bytes // 5
+    found = staged_rounding(graph, budget)
+    assert found.status == SolveStatus.INFEASIBLE and found.stats["out_of_reach"]
+    assert found.peak_bytes > OUT_OF_REACH * budget
+    assert found.stats["lp_rounds"] == 1 and found.stats["trimmed"] == 0
+    assert found.stats["schedules"] <= MAX_THRESHOLDS
+    nearer = staged_rounding(graph, simulate(graph, Schedule()).peak_bytes // 3)
+    assert "out_of_reach" not in nearer.stats and nearer.stats["lp_rounds"] > 1
