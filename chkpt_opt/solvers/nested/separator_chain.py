@@ -35,10 +35,11 @@ input and the residual add reads it last). Where it does not, the DP counts at m
 encoder's output, a padded batch its mask) once and every layer reads them, so they cross
 every cut between layers and no such cut would separate. :func:`broadcast_storages` names
 the storages that cross at least half of the allowed cuts, where leaving them out of what
-crosses finds more separators (the 32-layer LoRA Llama at 768 tokens: 6 separators with
-them, 68 without). Their forward instances are then left out of every step's bytes read
-off the op sequence (:func:`~chkpt_opt.solvers.nested.step_timeline.timeline`), and the
-DP counts their bytes alive at every step instead (``NestedChain.pinned_bytes``, added by
+crosses finds more separators (the 32-layer LoRA Llama at 768 tokens: 6 separators where
+they count as crossing, 68 where they do not). Their forward instances are then left out
+of every step's bytes read off the op sequence
+(:func:`~chkpt_opt.solvers.nested.step_timeline.timeline`), and the DP counts their bytes
+alive at every step instead (``NestedChain.pinned_bytes``, added by
 :func:`~chkpt_opt.solvers.nested.top_frame.top_plan`): they are never recomputed in their
 forward instances (a replay's copies are read off the sequence as the unit's own), so the
 count is at most their bytes above the simulator, where they are not yet made or already
