@@ -68,26 +68,16 @@ UNITS = "blocks between separators"
 """What the units of a separator chain are (:attr:`NestedChain.units`)."""
 
 
+Spans = tuple[list[str], list[bool], dict[str, int], dict[str, int]]
+"""The op order, the allowed cuts, where each storage is made and where it is last read."""
+
+
 def broadcast_storages(graph: CostGraph) -> frozenset[str]:
     """Storages that most of the graph reads (a decoder's rotary tables, an attention mask,
     an encoder's output): those crossing at least half of the allowed cuts, where leaving
     them out finds more separators (module docstring: the DP counts them alive at every
     step)."""
-    order, ok, made, last_read = _storage_spans(graph)
-    allowed = [p for p in range(1, len(order)) if ok[p]]
-    pinned = frozenset(
-        sid
-        for sid, i in made.items()
-        if 2
-        * (bisect.bisect_right(allowed, last_read.get(sid, -1)) - bisect.bisect_right(allowed, i))
-        >= len(allowed)
-        > 0
-    )
-    if pinned and len(separators_apart_from(graph, pinned)) > len(
-        separators_apart_from(graph, frozenset())
-    ):
-        return pinned
-    return frozenset()
+    return _pinned_and_cuts(graph, _storage_spans(graph), broadcast=True)[0]
 
 
 def separators(graph: CostGraph, *, broadcast: bool = True) -> dict[int, str]:
@@ -96,13 +86,15 @@ def separators(graph: CostGraph, *, broadcast: bool = True) -> dict[int, str]:
     :func:`broadcast_storages` aside (with ``broadcast``), is one that op ``p - 1`` returns
     (its output, or a view of it) and an op after the separator before made, with that
     storage."""
-    return separators_apart_from(graph, broadcast_storages(graph) if broadcast else frozenset())
+    return _pinned_and_cuts(graph, _storage_spans(graph), broadcast=broadcast)[1]
 
 
-def _storage_spans(
-    graph: CostGraph,
-) -> tuple[list[str], list[bool], dict[str, int], dict[str, int]]:
-    """The op order, the allowed cuts, where each storage is made and last read."""
+def separators_apart_from(graph: CostGraph, pinned: frozenset[str]) -> dict[int, str]:
+    """:func:`separators` with the storages ``pinned`` left out of what crosses a cut."""
+    return _cuts(graph, _storage_spans(graph), pinned)
+
+
+def _storage_spans(graph: CostGraph) -> Spans:
     order = ordered_nodes(graph)
     made: dict[str, int] = {}
     for i, v in enumerate(order):
@@ -111,9 +103,34 @@ def _storage_spans(
     return order, cut_positions(graph), made, last_reads(graph)
 
 
-def separators_apart_from(graph: CostGraph, pinned: frozenset[str]) -> dict[int, str]:
-    """:func:`separators` with the storages ``pinned`` left out of what crosses a cut."""
-    order, ok, made, last_read = _storage_spans(graph)
+def _pinned_and_cuts(
+    graph: CostGraph, spans: Spans, *, broadcast: bool
+) -> tuple[frozenset[str], dict[int, str]]:
+    """The broadcast storages (none without ``broadcast``) and the separators beside them,
+    from the graph's spans read once."""
+    plain = _cuts(graph, spans, frozenset())
+    if not broadcast:
+        return frozenset(), plain
+    order, ok, made, last_read = spans
+    allowed = [p for p in range(1, len(order)) if ok[p]]
+    long_lived = frozenset(
+        sid
+        for sid, i in made.items()
+        if 2
+        * (bisect.bisect_right(allowed, last_read.get(sid, -1)) - bisect.bisect_right(allowed, i))
+        >= len(allowed)
+        > 0
+    )
+    if long_lived:
+        beside = _cuts(graph, spans, long_lived)
+        if len(beside) > len(plain):
+            return long_lived, beside
+    return frozenset(), plain
+
+
+def _cuts(graph: CostGraph, spans: Spans, pinned: frozenset[str]) -> dict[int, str]:
+    """:func:`separators_apart_from` on spans read once."""
+    order, ok, made, last_read = spans
     n = len(order)
     crossing = [0] * (n + 2)  # how many storages are alive across each position
     for sid, i in made.items():
@@ -178,8 +195,7 @@ def separator_chain(graph: CostGraph, *, broadcast: bool = True) -> NestedChain:
         raise refuse("its last op does not own exactly one output")
     if not nesting_allowed(graph):
         raise refuse("it writes module state or an input in place, so regions do not nest")
-    pinned = broadcast_storages(graph) if broadcast else frozenset()
-    cuts = separators_apart_from(graph, pinned)
+    pinned, cuts = _pinned_and_cuts(graph, _storage_spans(graph), broadcast=broadcast)
     bounds = [0, *cuts, n_ops]
     units = list(itertools.pairwise(bounds))
     n = len(units)
@@ -324,7 +340,7 @@ def separator_chain(graph: CostGraph, *, broadcast: bool = True) -> NestedChain:
     slack = max((input_slack(a, [bool(ops) for ops in packers], u) for u in loose), default=0)
     # The broadcast storages, left out of every step's bytes above, are counted alive at
     # every step instead: at most their bytes too many where they are not.
-    pinned_bytes = sum(int(nodes[owners[sid]]["outputs"][sid]) for sid in sorted(pinned))
+    pinned_bytes = sum(int(nodes[owners[sid]]["outputs"][sid]) for sid in pinned)
     if loose:
         _log.debug("graph %r: dp_nested counts up to %d bytes too many at %s", name, slack, loose)
     return NestedChain(

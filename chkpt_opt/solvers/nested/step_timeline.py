@@ -32,7 +32,8 @@ class Timeline:
 
 def timeline(steps: list[Step], pinned: frozenset[str] = frozenset()) -> Timeline:
     """The bytes of every step, as :func:`chkpt_opt.memory_model.simulate.simulate` counts them,
-    less the forward instances of the ``pinned`` storages (:func:`broadcast_storages`)."""
+    less the forward instances of the ``pinned`` storages
+    (:func:`~chkpt_opt.solvers.nested.separator_chain.broadcast_storages`)."""
     born: dict[str, int] = {}
     dies: dict[str, int] = {}
     during: list[int] = []
