@@ -31,8 +31,9 @@ A profiled graph's ``region_overhead_s`` is charged to every region, nested ones
 block option's included, once each, as the simulator charges it (on CUDA, where
 ``plan`` profiles by default).
 **Blocks.** A graph that is no simple chain is planned as the chain of its blocks between
-separators (cuts that one storage crosses: a transformer's residual stream between its
-halves of blocks), each block's step bytes read off the op sequence
+separators (cuts that one storage crosses, beside the broadcast storages that most
+layers read: a transformer's residual stream between its halves of blocks), each block's
+step bytes read off the op sequence
 (:mod:`~chkpt_opt.solvers.nested.separator_chain`; ``blocks=False`` refuses such graphs). The space
 is then nested schedules with region boundaries at separators (``SEPARATOR_SPACE``), coarser
 than keep-set's cuts, so ``auto`` runs it only where no keep-set schedule fits. Where a
@@ -131,7 +132,8 @@ SPACE = (
 )
 SEPARATOR_SPACE = (
     "nested schedules whose region boundaries are separators (cuts that one storage "
-    "crosses), that cache nothing, and whose regions each hold an op that saves something"
+    "crosses, beside the broadcast storages most layers read), that cache nothing, and "
+    "whose regions each hold an op that saves something"
 )
 
 
