@@ -11,7 +11,7 @@ import random
 import pytest
 
 from chkpt_opt.errors import SolverError
-from chkpt_opt.graphs.costgraph import CostGraph, ordered_nodes, storage_refs
+from chkpt_opt.graphs.costgraph import ordered_nodes, storage_owners, storages_read
 from chkpt_opt.graphs.synthetic import random_dag
 from chkpt_opt.graphs.tracer import trace_model
 from chkpt_opt.memory_model.schedule import Schedule
@@ -215,14 +215,12 @@ def test_a_decoder_is_cut_between_its_layers_beside_its_rotary_tables() -> None:
     unit_of = {
         order[i]: u for u in range(chain.n) for i in range(chain.starts[u], chain.starts[u + 1])
     }
+    owners = storage_owners(graph)
     for sid in chain.pinned:  # read in every layer
-        readers = {unit_of[v] for v in order if sid in _reads(graph, v)}
+        readers = {unit_of[v] for v in order if sid in storages_read(graph, v, owners)}
         assert len(readers) >= layers, (sid, readers)
     assert chain.pinned_bytes == sum(
-        graph.nodes[v]["outputs"][sid]
-        for v in order
-        for sid in chain.pinned
-        if sid in graph.nodes[v]["outputs"]
+        graph.nodes[owners[sid]]["outputs"][sid] for sid in chain.pinned
     )
     per_layer = simulate(graph, own_layouts(graph)["layers"]).peak_bytes
     # (no block options: their programs would take a quarter of the limit)
@@ -232,7 +230,3 @@ def test_a_decoder_is_cut_between_its_layers_beside_its_rotary_tables() -> None:
     assert result.feasible and len(result.schedule.nested) > 0, result.stats
     without = get_solver("dp_nested", block_options=False, broadcast=False)
     assert not without(graph, per_layer - 1, time_limit_s=30).feasible
-
-
-def _reads(graph: CostGraph, node: str) -> set[str]:
-    return {sid for p in graph.predecessors(node) for sid in storage_refs(graph, p)}
