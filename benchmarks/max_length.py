@@ -393,14 +393,21 @@ def largest(fits: Callable[[int], bool], start: int, step: int, limit: int) -> i
 # -- what bounds chkpt_opt ----------------------------------------------------------------
 
 
-def bounds_at(base: nn.Module, data: Batch, budget: int, time_limit_s: float) -> dict[str, Any]:
-    """The cost graph's figures at this shape (see the module docstring), whole-step bytes."""
+def graph_at(base: nn.Module, data: Batch, budget: int) -> tuple[Any, Any, int]:
+    """The cost graph chkpt_opt plans at this shape (a copy of ``base`` traced, the logits
+    dropped before the backward pass, as the attachment plans), its static memory and the
+    activation budget ``budget`` leaves."""
     from chkpt_opt.attachment.held_outputs import dropping_outputs
     from chkpt_opt.step_budget.whole_step import activation_budget
 
-    model = copy.deepcopy(base)
-    graph = dropping_outputs(chkpt_opt.trace(model, (), data.inputs))
+    graph = dropping_outputs(chkpt_opt.trace(copy.deepcopy(base), (), data.inputs))
     _, static, act = activation_budget(graph, budget)
+    return graph, static, act
+
+
+def bounds_at(base: nn.Module, data: Batch, budget: int, time_limit_s: float) -> dict[str, Any]:
+    """The cost graph's figures at this shape (see the module docstring), whole-step bytes."""
+    graph, static, act = graph_at(base, data, budget)
     lowest = chkpt_opt.smallest_peak(graph, time_limit_s=time_limit_s)
     keep_all = chkpt_opt.simulate(graph, chkpt_opt.Schedule()).peak_bytes
     nodes = sorted(graph.nodes(data=True), key=lambda item: item[1]["index"])

@@ -30,9 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import max_length  # noqa: E402
 
 import chkpt_opt  # noqa: E402
-from chkpt_opt.attachment.held_outputs import dropping_outputs  # noqa: E402
 from chkpt_opt.solvers import get_solver  # noqa: E402
-from chkpt_opt.step_budget.whole_step import activation_budget  # noqa: E402
 
 STAGE = re.compile(r"auto: (\S+) -> (\S+), (.*?), peak (\d+) bytes, ([\d.]+) s;")
 
@@ -63,10 +61,8 @@ class Stages(logging.Handler):
 
 def run(shape: str, budget_bytes: int, time_limit_s: float) -> dict:
     batch, tokens = (int(x) for x in shape.split("x"))
-    model = max_length.build(32, "lora")
     data = max_length.make_batch(batch, tokens, 0)
-    graph = dropping_outputs(chkpt_opt.trace(model, (), data.inputs))
-    _, _, act = activation_budget(graph, budget_bytes)
+    graph, _, act = max_length.graph_at(max_length.build(32, "lora"), data, budget_bytes)
     stages = Stages()
     logger = logging.getLogger("chkpt_opt")
     logger.addHandler(stages)

@@ -27,18 +27,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import max_length  # noqa: E402
 
-import chkpt_opt  # noqa: E402
-from chkpt_opt.attachment.held_outputs import dropping_outputs  # noqa: E402
 from chkpt_opt.solvers.bounds.recompute_bound import recompute_bound  # noqa: E402
-from chkpt_opt.step_budget.whole_step import activation_budget  # noqa: E402
 
 
 def probe(layers: int, mode: str, tokens: int, budget_bytes: int) -> dict:
     """The floor at ``tokens`` against the activation budget there."""
-    model = max_length.build(layers, mode)
     batch = max_length.make_batch(1, tokens, 0)
-    graph = dropping_outputs(chkpt_opt.trace(model, (), batch.inputs))
-    _, static, act = activation_budget(graph, budget_bytes)
+    graph, static, act = max_length.graph_at(max_length.build(layers, mode), batch, budget_bytes)
     start = time.perf_counter()
     floor = recompute_bound(graph, act).floor_bytes
     return {
