@@ -16,10 +16,19 @@ the highest; ops a staged schedule may not recompute are kept). Where nothing fi
 is solved again at a budget lowered by the lowest peak's excess, or halfway to the floor where
 that excess would take it below (GPT-2 halfway to its floor: the roundings ended there with
 nothing that fits), and rounded likewise (at most :data:`MAX_ROUNDS` LPs, until a rounding
-fits as it is). From the cheapest schedule
-that fits, recomputed ops are dropped one at a time, costliest first, while the schedule
-still fits (the trim). Then the lowest-peak rounding of each LP that did not fit is
-repaired, in turn: split first, where a recomputed value the peak (a backward step, or a
+fits as it is). A rounding that does not fit, but peaks at most :data:`OUT_OF_REACH` times
+the budget, is judged again with its *pulled* values recomputed once more at their own
+first use (:meth:`~chkpt_opt.solvers.staged.stager.Stager.pulled`: values a reader's
+recomputation pulls to an earlier stage, and that would be held from there), the cheapest
+quarter of them first, then half, three quarters and all, until one fits; those schedules
+do not end the rounds (they fit at a price the lowered LPs often beat). On T5 at its layers'
+peak the roundings recompute the decoder's residual stream at the first stage for the last
+layer's norm: 95.13 MiB for 84.59, and nothing fitted; now 133.04 ms, where ``auto`` had
+chosen a cached plan of 190.00 ms (bound 91.34). From the cheapest schedule that fits,
+recomputed ops are dropped one at a time, costliest first, while the schedule still fits
+and costs less, then its extra recomputations likewise (the trim). Then the lowest-peak
+rounding of each LP that did not fit, as it is and with its pulled values recomputed again,
+is repaired, in turn: split first, where a recomputed value the peak (a backward step, or a
 recomputation in the stage before one) holds for a later step is
 recomputed once more at that step instead (with the recomputed ops it reads), one at a time
 while the peak falls (the 6-layer Llama halfway from its layers' peak to the floor: 234.9 ms
@@ -46,20 +55,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from chkpt_opt.graphs.costgraph import (
-    CostGraph,
-    ordered_nodes,
-    storage_owners,
-    storages_read,
-)
-from chkpt_opt.memory_model.op_sequence import lower
+from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
-from chkpt_opt.memory_model.staged import recomputable_ops, staged_schedule
-from chkpt_opt.memory_model.staged.rule import stage_ops
 from chkpt_opt.solvers.base import SolveResult, closes_gap, lowest_ranked, result_from_profile
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
+from chkpt_opt.solvers.staged.stager import Again, Stager
 
 MAX_ROUNDS = 4
 """LPs solved at lowered budgets where no rounding of the first fits, at most."""
@@ -77,125 +79,15 @@ MAX_THRESHOLDS = 24
 MIN_SHARE = 1e-6
 """Shares below this count as not recomputed."""
 
+SPLIT_STEPS = 4
+"""Shares of the pulled values recomputed again tried per rounding that does not fit."""
+
 MAX_SPLITS = 16
 """Recomputations added again at a later use, at most (the split repair)."""
-
-Again = tuple[str, int]
-"""An op recomputed once more, at the backward step of this index."""
 
 Judge = Callable[[frozenset[str], frozenset[Again]], "tuple[Schedule, MemoryProfile] | None"]
 """Simulates (and records) the staged schedule of recomputed ops and extra recomputations;
 None once the deadline has passed."""
-
-
-class _Stager:
-    """Staged schedules recomputing given ops, each at its first use in the backward pass."""
-
-    def __init__(self, graph: CostGraph) -> None:
-        self.graph = graph
-        self.order = ordered_nodes(graph)
-        owner = self.owner = storage_owners(graph)
-        self.sizes: dict[str, int] = {}
-        for n in self.order:
-            a = graph.nodes[n]
-            self.sizes.update(a["saved"])
-            self.sizes.update(a["outputs"])
-        backward = [s.node for s in lower(graph, Schedule()) if s.kind == "bwd"]
-        self.backward = backward
-        self.hosts = stage_ops(graph)
-        self.allowed = recomputable_ops(graph)
-        # first_use[o]: the first backward step (its index in ``backward``) unpacking what
-        # o made; readers[o]: the ops reading a storage o made.
-        self.first_use: dict[str, int] = {}
-        for k, b in enumerate(backward):
-            for sid in graph.nodes[b]["saved"]:
-                o = owner.get(sid)
-                if o is not None and o not in self.first_use:
-                    self.first_use[o] = k
-        self.readers: dict[str, set[str]] = {o: set() for o in self.order}
-        self.inputs: dict[str, set[str]] = {o: set() for o in self.order}
-        for c in self.order:
-            for sid in storages_read(graph, c, owner):
-                o = owner.get(sid)
-                if o is not None and o != c:
-                    self.readers[o].add(c)
-                    self.inputs[c].add(o)
-        # unpacked_at[s]: the backward steps (indices in ``backward``) unpacking storage s.
-        self.unpacked_at: dict[str, list[int]] = {}
-        for k, b in enumerate(backward):
-            for sid in graph.nodes[b]["saved"]:
-                self.unpacked_at.setdefault(sid, []).append(k)
-        self.position = {b: k for k, b in enumerate(backward)}
-
-    def schedule(self, recomputed: Iterable[str], again: Iterable[Again] = ()) -> Schedule:
-        """The staged schedule recomputing ``recomputed`` (those a staged schedule may), and
-        each ``(op, k)`` of ``again`` once more at the ``k``-th backward step, with the ops of
-        ``recomputed`` it reads (transitively), so that no earlier value is held for it."""
-        chosen = set(recomputed) & self.allowed
-        stages: dict[str, list[str]] = {}
-        for op, k in again:
-            todo, seen = [op], set()
-            while todo:
-                o = todo.pop()
-                if o in seen or o not in chosen:
-                    continue
-                seen.add(o)
-                todo.extend(self.inputs[o])
-            self._place(stages, seen, k)
-        at: dict[str, int] = {}
-        for o in reversed(self.order):  # readers first: a recomputation's inputs precede it
-            if o not in chosen:
-                continue
-            uses = [at[c] for c in self.readers[o] if c in at]
-            if o in self.first_use:
-                uses.append(self.first_use[o])
-            if uses:
-                at[o] = min(uses)
-        for o, k in at.items():
-            self._place(stages, {o}, k)
-        return Schedule(staged=staged_schedule(self.graph, stages))
-
-    def _place(self, stages: dict[str, list[str]], ops: Iterable[str], k: int) -> None:
-        """Recomputes ``ops`` at the ``k``-th backward step, or the last stage before it."""
-        while k >= 0 and self.backward[k] not in self.hosts:
-            k -= 1  # an earlier stage is still in time
-        if k >= 0:
-            stages.setdefault(self.backward[k], []).extend(ops)
-
-    def held_at_peak(self, schedule: Schedule, profile: MemoryProfile) -> list[Again]:
-        """Where the peak is a backward step or a recomputation in its stage: each
-        recomputed value alive there that neither the step nor the stage's recomputations
-        still to run read, largest first, as ``(op, the next step unpacking it)``, once each."""
-        timeline = profile.timeline
-        host = profile.peak_index  # the backward step whose stage (or itself) peaks
-        while host < len(timeline) and timeline[host].kind == "recompute":
-            host += 1
-        if host == len(timeline) or timeline[host].kind != "bwd":
-            return []
-        host_node = timeline[host].node
-        if host_node not in self.position:
-            return []
-        read = set(self.graph.nodes[host_node]["saved"])
-        for point in timeline[profile.peak_index : host]:  # the stage's ops still to run
-            read.update(storages_read(self.graph, point.node, self.owner))
-        live: dict[str, int] = {}
-        for k, step in enumerate(lower(self.graph, schedule)):
-            if k > profile.peak_index:
-                break
-            live.update(step.alloc)
-            if k < profile.peak_index:
-                for inst in step.free:
-                    live.pop(inst, None)
-        here = self.position[host_node]
-        found: list[tuple[int, str, int]] = []
-        for inst, nbytes in live.items():
-            prefix, _, sid = inst.partition(":")
-            if not prefix.startswith("s") or not prefix[1:].isdigit() or sid in read:
-                continue
-            later = [k for k in self.unpacked_at.get(sid, []) if k > here]
-            if later and sid in self.owner:
-                found.append((-nbytes, self.owner[sid], min(later)))
-        return list(dict.fromkeys((op, k) for _, op, k in sorted(found)))
 
 
 def _thresholds(shares: Iterable[float]) -> list[float]:
@@ -208,8 +100,9 @@ def _thresholds(shares: Iterable[float]) -> list[float]:
 
 
 def _repaired(
-    stager: _Stager,
+    stager: Stager,
     ops: frozenset[str],
+    again: frozenset[Again],
     budget_bytes: int,
     judge: Judge,
 ) -> bool:
@@ -229,7 +122,7 @@ def _repaired(
     fitted = False
     while low < high:
         mid = (low + high) // 2
-        trial = judge(ops | frozenset(ranked[: mid + 1]), frozenset())
+        trial = judge(ops | frozenset(ranked[: mid + 1]), again)
         if trial is None:
             return fitted
         _, profile = trial
@@ -240,16 +133,29 @@ def _repaired(
     return fitted
 
 
+def _pulled_again(stager: Stager, ops: frozenset[str], budget_bytes: int, judge: Judge) -> None:
+    """Judges ``ops``'s rounding with the cheapest ``k / SPLIT_STEPS`` of its pulled values
+    (:meth:`Stager.pulled`) recomputed again at their own first use, for ``k`` from 1 until
+    one fits. A value that a reader's recomputation pulls to an early stage is otherwise held
+    from there to its own use: a residual stream recomputed for the last layer's norm is
+    held through the whole backward pass."""
+    pulled = stager.pulled(ops)
+    for count in sorted({-(-len(pulled) * k // SPLIT_STEPS) for k in range(1, SPLIT_STEPS + 1)}):
+        trial = judge(ops, frozenset(pulled[:count]))
+        if trial is None or trial[1].peak_bytes <= budget_bytes:
+            return
+
+
 def _split(
-    stager: _Stager,
+    stager: Stager,
     ops: frozenset[str],
+    again: frozenset[Again],
     budget_bytes: int,
     judge: Judge,
 ) -> bool:
     """Whether recomputing once more, at its next use, a value that the peak holds for a
     later step (the largest of the first three that lowers the peak; at most
     :data:`MAX_SPLITS` of them, one at a time) makes ``ops`` fit; each schedule is judged."""
-    again: frozenset[Again] = frozenset()
     trial = judge(ops, again)
     if trial is None:
         return False
@@ -291,10 +197,17 @@ def _trim(
     for op in sorted(ops, key=lambda o: (-fwd_time_s[o], o)):  # the costliest first
         trial = judge(ops - {op}, again)
         if trial is None:
-            break
+            return trimmed
         fewer = trial[1]
         if fewer.peak_bytes <= budget_bytes and fewer.recompute_s < profile.recompute_s:
             ops, profile, trimmed = ops - {op}, fewer, trimmed + 1
+    for extra in sorted(again, key=lambda item: (-fwd_time_s[item[0]], item)):
+        trial = judge(ops, again - {extra})
+        if trial is None:
+            return trimmed
+        fewer = trial[1]
+        if fewer.peak_bytes <= budget_bytes and fewer.recompute_s < profile.recompute_s:
+            again, profile, trimmed = again - {extra}, fewer, trimmed + 1
     return trimmed
 
 
@@ -320,7 +233,7 @@ def staged_rounding(
             most that. None: every stage runs.
     """
     clock = Deadline.after(None)
-    stager = _Stager(graph)
+    stager = Stager(graph)
     judged: list[Judged] = []
     fwd = {n: graph.nodes[n]["fwd_time_s"] for n in stager.order}
     target = budget_bytes
@@ -343,7 +256,7 @@ def staged_rounding(
 
     rounds = 0
     out_of_reach = False  # (OUT_OF_REACH)
-    to_repair: list[frozenset[str]] = []  # each round's lowest-peak rounding so far
+    to_repair: list[tuple[frozenset[str], frozenset[Again]]] = []  # each round's lowest peak
     while rounds < MAX_ROUNDS and lp.bound_s is not None and not (deadline.expired() or closed):
         rounds += 1
         share = lp.recompute_share
@@ -354,15 +267,19 @@ def staged_rounding(
             trial = judge(ops, frozenset())
             if trial is None:
                 break
-            profile = trial[1]
-            lowest = profile.peak_bytes if lowest is None else min(lowest, profile.peak_bytes)
-            fits = fits or profile.peak_bytes <= budget_bytes
+            peak = trial[1].peak_bytes
+            if budget_bytes < peak <= OUT_OF_REACH * budget_bytes:
+                _pulled_again(stager, ops, budget_bytes, judge)
+            lowest = peak if lowest is None else min(lowest, peak)
+            fits = fits or peak <= budget_bytes
         if fits or lowest is None:
             break
         if rounds == 1 and lowest > OUT_OF_REACH * budget_bytes:
             out_of_reach = True
             break
-        to_repair.append(min(judged, key=lambda pair: pair[1].peak_bytes)[0][1])
+        plain = [pair for pair in judged if not pair[0][2]]
+        for candidates in (plain, judged):
+            to_repair.append(min(candidates, key=lambda pair: pair[1].peak_bytes)[0][1:])
         lowered = target - max(lowest - budget_bytes, budget_bytes // 200)
         # Below the floor the LP has no solution and the rounds would end: halfway to it.
         target = lowered if lowered >= lp.floor_bytes else (target + lp.floor_bytes) // 2
@@ -371,9 +288,9 @@ def staged_rounding(
     # not fit (a repaired rounding of a higher LP may beat the lowered LPs' roundings).
     trimmed = _trim(lowest_ranked(judged, budget_bytes), budget_bytes, fwd, judge)
     trimmed_best = lowest_ranked(judged, budget_bytes)
-    for ops in dict.fromkeys(to_repair):
-        if not _split(stager, ops, budget_bytes, judge):
-            _repaired(stager, ops, budget_bytes, judge)
+    for ops, again in dict.fromkeys(to_repair):
+        if not _split(stager, ops, again, budget_bytes, judge):
+            _repaired(stager, ops, again, budget_bytes, judge)
     best = lowest_ranked(judged, budget_bytes)
     if best is not None and (trimmed_best is None or best[0][1:] != trimmed_best[0][1:]):
         trimmed += _trim(best, budget_bytes, fwd, judge)  # a repair won: trimmed in turn
