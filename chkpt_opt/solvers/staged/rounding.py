@@ -16,32 +16,38 @@ the highest; ops a staged schedule may not recompute are kept). Where nothing fi
 is solved again at a budget lowered by the lowest peak's excess, or halfway to the floor where
 that excess would take it below (GPT-2 halfway to its floor: the roundings ended there with
 nothing that fits), and rounded likewise (at most :data:`MAX_ROUNDS` LPs, until a rounding
-fits as it is). A rounding that does not fit, but peaks at most :data:`OUT_OF_REACH` times
-the budget, is judged again with its *pulled* values recomputed once more at their own
-first use (:meth:`~chkpt_opt.solvers.staged.stager.Stager.pulled`: values a reader's
-recomputation pulls to an earlier stage, and that would be held from there), the cheapest
-quarter of them first, then half, three quarters and all, until one fits; those schedules
-do not end the rounds (they fit at a price the lowered LPs often beat). On T5 at its layers'
-peak the roundings recompute the decoder's residual stream at the first stage for the last
-layer's norm: 95.13 MiB for 84.59, and nothing fitted; now 133.04 ms, where ``auto`` had
-chosen a cached plan of 190.00 ms (bound 91.34). From the cheapest schedule that fits,
-recomputed ops are dropped one at a time, costliest first, while the schedule still fits
-and costs less, then its extra recomputations likewise (the trim). Then the lowest-peak
-rounding of each LP that did not fit, as it is and with its pulled values recomputed again,
-is repaired, in turn: split first, where a recomputed value the peak (a backward step, or a
-recomputation in the stage before one) holds for a later step is
-recomputed once more at that step instead (with the recomputed ops it reads), one at a time
-while the peak falls (the 6-layer Llama halfway from its layers' peak to the floor: 234.9 ms
-in 6 s, where ``auto`` had returned 1651 ms; bound 161.1 ms); failing that, beside its ops,
-the shortest prefix that fits of the other ops, fewest forward seconds per byte first
-(bisection). Where a repair is the cheapest, it is trimmed in turn. The repairs once ran
+fits as it is).
+
+Each round's lowest rounding, where it peaks at most :data:`OUT_OF_REACH` times the budget,
+is judged at once with its *pulled* values recomputed once more at their own first use
+(:meth:`~chkpt_opt.solvers.staged.stager.Stager.pulled`: values a reader's recomputation
+pulls to an earlier stage, and that would be held from there), the cheapest quarter of them
+first, then half, three quarters and all, until one fits; the other roundings that do not
+fit, likewise after the first trim. Those schedules do not end the rounds (they fit at a
+price the lowered LPs often beat). From the cheapest schedule that fits, recomputed ops are
+dropped one at a time, costliest first, while it still fits and costs less, then its extra
+recomputations likewise (the trim). Then the lowest rounding of each round, as it is and with
+its pulled values recomputed again, is repaired, in turn: split first, where a recomputed
+value the peak (a backward step, or a recomputation in the stage before one) holds for a
+later step is recomputed once more at that step instead (with the recomputed ops it reads),
+one at a time while the peak falls; failing that, beside its ops, the shortest prefix that
+fits of the other ops, fewest forward seconds per byte first (bisection). Last, the cheapest
+fits not made by a trim are trimmed in turn (at most :data:`TRIM_STARTS` more): a trim ends
+where no single op can go, and from another start it may end lower. The simulator judges
+every schedule; the cheapest that fits wins, else the lowest peak. A heuristic: it claims no
+bound.
+
+What each part buys (``benchmarks/hf_gaps.py``'s families and budgets, the rounding alone):
+the pulled values recomputed again, the 6-layer Llama halfway from its layers' peak to the
+floor 233.42 -> 181.57 ms (bound 161.11) and BERT at its layers' peak 167.57 -> 132.83; the
+trims from other fits, T5 at its layers' peak 133.04 -> 119.60 (bound 91.34; nothing fitted
+before the repairs started from each round's lowest rounding: the roundings recompute the
+decoder's residual stream at the first stage for the last layer's norm and held it through
+the backward pass) and GPT-2 halfway 166.49 -> 158.70; the 32-layer Llama at its layers'
+peak still within 1% of the bound in under 10 s of a 20 s ``auto``. The repairs once ran
 after each LP; run after the lowered LPs and the trim they reach a fit sooner where the
-repairs fail (the 32-layer Llama at its layers' peak, the bound given: within 5% of it
-after 3.9-4.3 s and 1% after 5.6-6.9 s, against 9.0 and 10.9 s with the repairs after each
-LP) and return the same schedules on the Llama of 2, 6 and 8 layers, ViT, Mixtral, GPT-2,
-BERT and T5 (``benchmarks/results/bound_at_depth/``). The simulator
-judges every schedule; the cheapest that fits wins, else the lowest peak. A heuristic: it
-claims no bound.
+repairs fail (the 32-layer Llama at its layers' peak, the bound given: within 5% of it after
+3.9-4.3 s and 1% after 5.6-6.9 s, against 9.0 and 10.9 s with the repairs after each LP).
 
 Measured (roofline costs, budget the peak of the model's own layer checkpointing, 2 shared
 cores): Hugging Face Llama of 2 layers (156 ops): 38.4 ms of recompute in about 1 s, where
@@ -58,7 +64,13 @@ from collections.abc import Callable, Iterable
 from chkpt_opt.graphs.costgraph import CostGraph
 from chkpt_opt.memory_model.schedule import Schedule
 from chkpt_opt.memory_model.simulate import MemoryProfile, simulate
-from chkpt_opt.solvers.base import SolveResult, closes_gap, lowest_ranked, result_from_profile
+from chkpt_opt.solvers.base import (
+    INF_BYTES,
+    SolveResult,
+    closes_gap,
+    lowest_ranked,
+    result_from_profile,
+)
 from chkpt_opt.solvers.bounds.recompute_bound import RecomputeBound, recompute_bound
 from chkpt_opt.solvers.deadline import NO_DEADLINE, Deadline
 from chkpt_opt.solvers.staged.stager import Again, Stager
@@ -81,6 +93,9 @@ MIN_SHARE = 1e-6
 
 SPLIT_STEPS = 4
 """Shares of the pulled values recomputed again tried per rounding that does not fit."""
+
+TRIM_STARTS = 4
+"""Fits trimmed besides the first (the cheapest not made by a trim, in turn), at most."""
 
 MAX_SPLITS = 16
 """Recomputations added again at a later use, at most (the split repair)."""
@@ -133,17 +148,27 @@ def _repaired(
     return fitted
 
 
-def _pulled_again(stager: Stager, ops: frozenset[str], budget_bytes: int, judge: Judge) -> None:
+def _pulled_again(
+    stager: Stager, ops: frozenset[str], budget_bytes: int, judge: Judge
+) -> tuple[int, frozenset[Again]] | None:
     """Judges ``ops``'s rounding with the cheapest ``k / SPLIT_STEPS`` of its pulled values
     (:meth:`Stager.pulled`) recomputed again at their own first use, for ``k`` from 1 until
-    one fits. A value that a reader's recomputation pulls to an early stage is otherwise held
-    from there to its own use: a residual stream recomputed for the last layer's norm is
-    held through the whole backward pass."""
+    one fits; the lowest peak judged and its extra recomputations (None: nothing judged). A
+    value that a reader's recomputation pulls to an early stage is otherwise held from there
+    to its own use: a residual stream recomputed for the last layer's norm is held through
+    the whole backward pass."""
     pulled = stager.pulled(ops)
+    lowest: tuple[int, frozenset[Again]] | None = None
     for count in sorted({-(-len(pulled) * k // SPLIT_STEPS) for k in range(1, SPLIT_STEPS + 1)}):
-        trial = judge(ops, frozenset(pulled[:count]))
-        if trial is None or trial[1].peak_bytes <= budget_bytes:
-            return
+        again = frozenset(pulled[:count])
+        trial = judge(ops, again)
+        if trial is None:
+            break
+        if lowest is None or trial[1].peak_bytes < lowest[0]:
+            lowest = (trial[1].peak_bytes, again)
+        if lowest[0] <= budget_bytes:
+            break
+    return lowest
 
 
 def _split(
@@ -257,10 +282,14 @@ def staged_rounding(
     rounds = 0
     out_of_reach = False  # (OUT_OF_REACH)
     to_repair: list[tuple[frozenset[str], frozenset[Again]]] = []  # each round's lowest peak
+    unfit: list[tuple[int, frozenset[str]]] = []  # the roundings within reach that do not fit
+    # (round, rounding) -> its lowest peak with pulled values recomputed again, and those
+    pulled: dict[tuple[int, frozenset[str]], tuple[int, frozenset[Again]] | None] = {}
     while rounds < MAX_ROUNDS and lp.bound_s is not None and not (deadline.expired() or closed):
         rounds += 1
         share = lp.recompute_share
         lowest: int | None = None
+        lowest_ops = frozenset[str]()
         fits = False
         for threshold in _thresholds(share.values()):
             ops = frozenset(o for o, v in share.items() if v >= threshold)
@@ -269,32 +298,67 @@ def staged_rounding(
                 break
             peak = trial[1].peak_bytes
             if budget_bytes < peak <= OUT_OF_REACH * budget_bytes:
-                _pulled_again(stager, ops, budget_bytes, judge)
-            lowest = peak if lowest is None else min(lowest, peak)
+                unfit.append((rounds, ops))
+            if lowest is None or peak < lowest:
+                lowest, lowest_ops = peak, ops
             fits = fits or peak <= budget_bytes
         if fits or lowest is None:
             break
         if rounds == 1 and lowest > OUT_OF_REACH * budget_bytes:
             out_of_reach = True
             break
-        plain = [pair for pair in judged if not pair[0][2]]
-        for candidates in (plain, judged):
-            to_repair.append(min(candidates, key=lambda pair: pair[1].peak_bytes)[0][1:])
+        to_repair.append((lowest_ops, frozenset()))
+        if lowest <= OUT_OF_REACH * budget_bytes:  # the others' pulled values after the trim
+            pulled[(rounds, lowest_ops)] = _pulled_again(stager, lowest_ops, budget_bytes, judge)
         lowered = target - max(lowest - budget_bytes, budget_bytes // 200)
         # Below the floor the LP has no solution and the rounds would end: halfway to it.
         target = lowered if lowered >= lp.floor_bytes else (target + lp.floor_bytes) // 2
         lp = recompute_bound(graph, target, deadline=deadline)
     # The cheapest fit so far first made cheaper; then the repairs of the roundings that did
     # not fit (a repaired rounding of a higher LP may beat the lowered LPs' roundings).
-    trimmed = _trim(lowest_ranked(judged, budget_bytes), budget_bytes, fwd, judge)
-    trimmed_best = lowest_ranked(judged, budget_bytes)
+    made_by_trims: set[int] = set()  # (indices in ``judged``)
+    trim_starts: set[tuple[frozenset[str], frozenset[Again]]] = set()
+
+    def trim(start: Judged | None) -> int:
+        if start is None:
+            return 0
+        before = len(judged)
+        trim_starts.add(start[0][1:])
+        count = _trim(start, budget_bytes, fwd, judge)
+        made_by_trims.update(range(before, len(judged)))
+        return count
+
+    trimmed = trim(lowest_ranked(judged, budget_bytes))
+    # Each rounding that did not fit with its pulled values recomputed again; the lowest
+    # peak of each round's repaired too.
+    for rounding in dict.fromkeys(unfit):
+        if rounding not in pulled:
+            pulled[rounding] = _pulled_again(stager, rounding[1], budget_bytes, judge)
+    lowest_again: dict[int, tuple[int, frozenset[str], frozenset[Again]]] = {}
+    for (k, ops), found in pulled.items():
+        if found is not None and found[0] < lowest_again.get(k, (INF_BYTES,))[0]:
+            lowest_again[k] = (found[0], ops, found[1])
+    to_repair += [(ops, again) for _, ops, again in lowest_again.values()]
     for ops, again in dict.fromkeys(to_repair):
         if not _split(stager, ops, again, budget_bytes, judge):
             _repaired(stager, ops, again, budget_bytes, judge)
+    # The cheapest other fits, trimmed in turn: a trim ends where no single op can go, and
+    # from another start it may end lower (BERT at its layers' peak: 132.83 ms from a repaired
+    # rounding with pulled values recomputed again, 168.96 from the first fit).
+    starts = sorted(
+        (
+            pair
+            for i, pair in enumerate(judged)
+            if i not in made_by_trims and pair[1].peak_bytes <= budget_bytes
+        ),
+        key=lambda pair: pair[1].recompute_s,
+    )
+    for start in starts:
+        if len(trim_starts) > TRIM_STARTS or deadline.expired() or closed:
+            break
+        if start[0][1:] not in trim_starts:
+            trimmed += trim(start)
     best = lowest_ranked(judged, budget_bytes)
-    if best is not None and (trimmed_best is None or best[0][1:] != trimmed_best[0][1:]):
-        trimmed += _trim(best, budget_bytes, fwd, judge)  # a repair won: trimmed in turn
-        best = lowest_ranked(judged, budget_bytes)
     if best is None:  # nothing judged in time: keep-all
         schedule, profile = Schedule(), simulate(graph, Schedule())
     else:
