@@ -403,6 +403,16 @@ def test_buffers_other_than_the_traced_ones_are_refused(models) -> None:
     run = staged_runtime.StagedRun(staged_plan(traced.graph, schedule))
     with pytest.raises(ScheduleError, match=r"\[2048\] bytes at a recomputation"):
         run._own_buffers("layer_norm", [torch.zeros(512)], (), (), "at a recomputation")
+    # a smaller call (its output half the traced bytes: a smaller shape a symbolic capture
+    # serves): buffers no larger than traced are its own; a larger one, or one fewer, is not
+    half = torch.zeros(run.plan.output_bytes["layer_norm"] // 8)
+    found = run._own_buffers(
+        "layer_norm", [torch.zeros(256), torch.zeros(256)], (), half, "at a recomputation"
+    )
+    assert [sid for _, sid in found] == ["layer_norm:buf0", "layer_norm:buf1"]
+    for packs in ([torch.zeros(1024), torch.zeros(256)], [torch.zeros(256)]):
+        with pytest.raises(ScheduleError, match=r"bytes at a recomputation"):
+            run._own_buffers("layer_norm", packs, (), half, "at a recomputation")
 
 
 class MethodCalls(nn.Module):

@@ -61,6 +61,9 @@ class StagedPlan:
         buffers: each recomputed op that saves buffers of its own -> those buffers
             (``<op>:buf<k>``, in the order of ``k``) with their bytes; the op is recomputed
             with autograd recording to capture them.
+        output_bytes: each op of ``buffers`` -> the bytes of its outputs as traced (a call
+            whose outputs are smaller is a smaller shape that a symbolic capture serves,
+            where its buffers are no larger than traced).
         replayed: each recomputed random op -> its last recomputation step: it is
             recomputed under the generators' state its forward call found, kept until then.
     """
@@ -75,6 +78,7 @@ class StagedPlan:
     recomputed: frozenset[str]
     buffers: dict[str, tuple[tuple[str, int], ...]]
     replayed: dict[str, int]
+    output_bytes: dict[str, int]
 
 
 def own_buffers(graph: CostGraph, op: str) -> tuple[tuple[str, int], ...]:
@@ -150,4 +154,5 @@ def staged_plan(graph: CostGraph, schedule: Schedule) -> StagedPlan:
         recomputed=frozenset(steps),
         buffers=buffers,
         replayed={r: j for j, r in enumerate(steps) if nodes[r]["is_random"]},
+        output_bytes={n: sum(nodes[n]["outputs"].values()) for n in buffers},
     )
