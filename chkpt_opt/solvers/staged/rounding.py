@@ -44,7 +44,7 @@ trims from other fits, T5 at its layers' peak 133.04 -> 119.60 (bound 91.34; not
 before the repairs started from each round's lowest rounding: the roundings recompute the
 decoder's residual stream at the first stage for the last layer's norm and held it through
 the backward pass) and GPT-2 halfway 166.49 -> 158.70; the 32-layer Llama at its layers'
-peak still within 1% of the bound in under 10 s of a 20 s ``auto``. The repairs once ran
+peak still within 1% of the bound in about 10 s of a 20 s ``auto``. The repairs once ran
 after each LP; run after the lowered LPs and the trim they reach a fit sooner where the
 repairs fail (the 32-layer Llama at its layers' peak, the bound given: within 5% of it after
 3.9-4.3 s and 1% after 5.6-6.9 s, against 9.0 and 10.9 s with the repairs after each LP).
