@@ -242,13 +242,7 @@ class StagedRun:
         expected = self.plan.buffers[name]
         sizes = [t.untyped_storage().nbytes() for t in found.values()]
         traced = [nbytes for _, nbytes in expected]
-        # A smaller call (a symbolic capture serving a smaller shape): every buffer scales
-        # with the sizes it is made of, so none is larger than traced.
-        made = [_storage(t) for t, _ in _new_storages(out, inputs)]
-        out_bytes = sum(s.nbytes() for s in made if s is not None)
-        smaller = out_bytes < self.plan.output_bytes.get(name, 0)
-        scaled = len(sizes) == len(traced) and all(a <= b for a, b in zip(sizes, traced))
-        if sizes != traced and not (smaller and scaled):
+        if sizes != traced and not self._scaled_down(name, sizes, traced, inputs, out):
             raise ScheduleError(
                 f"staged schedule: op {short(name)} saved buffers of its own of {sizes} bytes "
                 f"{when} where its trace saw {[nbytes for _, nbytes in expected]}, so a "
@@ -257,6 +251,16 @@ class StagedRun:
                 "the stages."
             )
         return [(t, sid) for t, (sid, _) in zip(found.values(), expected)]
+
+    def _scaled_down(
+        self, name: str, sizes: list[int], traced: list[int], inputs: Any, out: Any
+    ) -> bool:
+        """Whether ``sizes`` fit a smaller call (a symbolic capture's smaller shape: outputs
+        smaller than traced), where each buffer scales down with its sizes: none larger."""
+        if len(sizes) != len(traced) or any(a > b for a, b in zip(sizes, traced)):
+            return False
+        made = [_storage(t) for t, _ in _new_storages(out, inputs)]
+        return sum(s.nbytes() for s in made if s is not None) < self.plan.output_bytes.get(name, 0)
 
     def _register(self, name: str, out: Any, inputs: Any, step: int) -> None:
         """Names the storages op ``name`` returned (at recomputation ``step``, or -1 in the

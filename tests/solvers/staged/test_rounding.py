@@ -66,19 +66,9 @@ def test_llama_runs_as_simulated(llama2, lower: float) -> None:
         stages = [op for _, ops in found.schedule.staged for op in ops]
         assert len(stages) > len(set(stages))  # recomputed twice
 
-    def step(module: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
-        for p in model.parameters():
-            p.grad = None
-        with StorageTracker() as tracker:
-            module(*args).backward()
-        return tracker.peak_bytes, [p.grad.clone() for p in model.parameters()]
-
-    _, reference = step(model)
-    module = rewrite_module(traced.captured.fresh_module(), graph, found.schedule)
-    peak, grads = step(module)
-    assert all(torch.equal(a, b) for a, b in zip(reference, grads, strict=True))
     # at the peak, measured 42,127,368 bytes against 42,135,560 simulated: 8 KiB under
-    assert found.peak_bytes * 0.999 <= peak <= found.peak_bytes <= budget
+    assert found.peak_bytes <= budget
+    _runs_as_simulated(model, args, traced, found.schedule, found.peak_bytes)
 
 
 def test_a_gap_stops_the_rounding_at_the_first_schedule_within_it(llama2) -> None:
